@@ -1,0 +1,89 @@
+//! Day boundaries. Timestamps are stored in UTC; each site has an IANA time zone, and a hit
+//! belongs to the calendar day its timestamp falls on in that zone.
+
+use jiff::civil::Date;
+use jiff::tz::TimeZone;
+use jiff::{Timestamp, ToSpan};
+
+/// A parsed IANA time zone together with its name.
+#[derive(Debug, Clone)]
+pub struct SiteZone {
+    name: String,
+    tz: TimeZone,
+}
+
+/// The zone name is not in the bundled IANA database.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown time zone {0:?} (expected an IANA name such as Europe/Berlin)")]
+pub struct UnknownZone(pub String);
+
+impl SiteZone {
+    /// Parse an IANA name such as `Europe/Berlin` or `UTC`.
+    pub fn parse(name: &str) -> Result<Self, UnknownZone> {
+        let tz = TimeZone::get(name).map_err(|_| UnknownZone(name.to_owned()))?;
+        Ok(Self {
+            name: name.to_owned(),
+            tz,
+        })
+    }
+
+    /// UTC.
+    pub fn utc() -> Self {
+        Self {
+            name: "UTC".to_owned(),
+            tz: TimeZone::UTC,
+        }
+    }
+
+    /// The IANA name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The local calendar day of `at`.
+    pub fn day_of(&self, at: Timestamp) -> Date {
+        at.to_zoned(self.tz.clone()).date()
+    }
+
+    /// The `n` local days ending with the day of `at` (oldest first).
+    pub fn last_days(&self, at: Timestamp, n: u32) -> Vec<Date> {
+        let today = self.day_of(at);
+        (0..i64::from(n))
+            .rev()
+            .filter_map(|back| today.checked_sub(back.days()).ok())
+            .collect()
+    }
+}
+
+/// The stored form of a day: `YYYY-MM-DD`.
+pub fn day_key(day: Date) -> String {
+    day.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn berlin_midnight_splits_days() {
+        let zone = SiteZone::parse("Europe/Berlin").expect("zone");
+        // 2026-03-01 00:00 in Berlin (UTC+1) is 2026-02-28 23:00 UTC.
+        let before: Timestamp = "2026-02-28T22:59:59.999Z".parse().expect("ts");
+        let after: Timestamp = "2026-02-28T23:00:00Z".parse().expect("ts");
+        assert_eq!(day_key(zone.day_of(before)), "2026-02-28");
+        assert_eq!(day_key(zone.day_of(after)), "2026-03-01");
+    }
+
+    #[test]
+    fn unknown_zone_is_an_error() {
+        assert!(SiteZone::parse("Mars/Olympus").is_err());
+    }
+
+    #[test]
+    fn last_days_are_oldest_first() {
+        let zone = SiteZone::utc();
+        let at: Timestamp = "2026-01-02T10:00:00Z".parse().expect("ts");
+        let days: Vec<String> = zone.last_days(at, 3).into_iter().map(day_key).collect();
+        assert_eq!(days, ["2025-12-31", "2026-01-01", "2026-01-02"]);
+    }
+}

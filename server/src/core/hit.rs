@@ -1,0 +1,226 @@
+//! Turning a wire [`tally_wire::Hit`] into a [`ValidHit`]: every field parsed into its type,
+//! the event time checked against the accepted window. A hit that fails here stores nothing.
+
+use jiff::{SignedDuration, Timestamp};
+use tally_wire::{Hit, TYPE_EVENT, TYPE_PAGEVIEW};
+
+use super::ids::{DedupeKey, EventId, EventName, IdError, PagePath, SiteId, VisitorKey};
+
+/// How far from `now` an event id's time may lie. Event ids older than `back` are refused,
+/// so raw events older than that can be pruned without ever letting a replay count twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeWindow {
+    /// How far back an event may lie (default 72 h).
+    pub back: SignedDuration,
+    /// How far ahead (client clock skew) an event may lie (default 5 min).
+    pub ahead: SignedDuration,
+}
+
+impl Default for TimeWindow {
+    fn default() -> Self {
+        Self {
+            back: SignedDuration::from_hours(72),
+            ahead: SignedDuration::from_mins(5),
+        }
+    }
+}
+
+impl TimeWindow {
+    /// Whether `at` lies inside the window around `now` (both ends inclusive).
+    pub fn contains(&self, now: Timestamp, at: Timestamp) -> bool {
+        let age = now.duration_since(at);
+        age <= self.back && -age <= self.ahead
+    }
+}
+
+/// Why a hit was refused; `code()` is the wire error code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HitError {
+    #[error(transparent)]
+    Id(#[from] IdError),
+    #[error("type must be \"pageview\" or \"event\"")]
+    Type,
+    #[error("an event needs a name")]
+    MissingName,
+    #[error("event_id time {at} lies outside the accepted window ({back} back, {ahead} ahead)")]
+    OutOfWindow {
+        at: Timestamp,
+        back: String,
+        ahead: String,
+    },
+}
+
+impl HitError {
+    /// The stable snake_case code sent to clients.
+    pub fn code(&self) -> &'static str {
+        match self {
+            HitError::Id(e) => e.code(),
+            HitError::Type => "invalid_type",
+            HitError::MissingName => "invalid_name",
+            HitError::OutOfWindow { .. } => "event_id_out_of_window",
+        }
+    }
+}
+
+/// What a hit counts as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HitKind {
+    /// A page view.
+    Pageview,
+    /// A custom event, counted once per (site, name, dedupe) when a dedupe key is given.
+    Event {
+        name: EventName,
+        dedupe: Option<DedupeKey>,
+    },
+}
+
+/// A hit whose every field has been parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidHit {
+    pub site: SiteId,
+    pub kind: HitKind,
+    pub event_id: EventId,
+    /// The client's visitor id, when it keeps one.
+    pub visitor: Option<VisitorKey>,
+    pub page: PagePath,
+    /// The referrer without query and fragment (privacy: no tracking parameters kept).
+    pub referrer: Option<String>,
+}
+
+impl ValidHit {
+    /// Parse a wire hit received at `now`.
+    pub fn parse(hit: &Hit, now: Timestamp, window: TimeWindow) -> Result<Self, HitError> {
+        let site = SiteId::parse(&hit.site)?;
+        let kind = match hit.kind.as_str() {
+            TYPE_PAGEVIEW => HitKind::Pageview,
+            TYPE_EVENT => {
+                let name = hit.name.as_deref().ok_or(HitError::MissingName)?;
+                HitKind::Event {
+                    name: EventName::parse(name)?,
+                    dedupe: hit.dedupe.as_deref().map(DedupeKey::parse).transpose()?,
+                }
+            }
+            _ => return Err(HitError::Type),
+        };
+        let event_id = EventId::parse(&hit.event_id)?;
+        let at = event_id.time();
+        if !window.contains(now, at) {
+            return Err(HitError::OutOfWindow {
+                at,
+                back: format!("{:#}", window.back),
+                ahead: format!("{:#}", window.ahead),
+            });
+        }
+        let visitor = hit
+            .visitor_id
+            .as_deref()
+            .map(VisitorKey::parse_uuid)
+            .transpose()?;
+        let (page, _) = PagePath::from_url(&hit.url)?;
+        let referrer = match hit.referrer.as_deref() {
+            None | Some("") => None,
+            Some(raw) => Some(clean_referrer(raw)?),
+        };
+        Ok(Self {
+            site,
+            kind,
+            event_id,
+            visitor,
+            page,
+            referrer,
+        })
+    }
+}
+
+/// Longest referrer kept, in bytes.
+const MAX_REFERRER_BYTES: usize = 1024;
+
+fn clean_referrer(raw: &str) -> Result<String, IdError> {
+    let mut url = url::Url::parse(raw).map_err(|_| IdError::Referrer)?;
+    if url.cannot_be_a_base() {
+        return Err(IdError::Referrer);
+    }
+    url.set_query(None);
+    url.set_fragment(None);
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    let mut text: String = url.into();
+    if text.len() > MAX_REFERRER_BYTES {
+        let mut cut = MAX_REFERRER_BYTES;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().expect("timestamp")
+    }
+
+    fn hit(event_id: &str) -> Hit {
+        Hit {
+            site: "blog".into(),
+            kind: "pageview".into(),
+            event_id: event_id.into(),
+            visitor_id: Some("67e55044-10b1-426f-9247-bb680e5fe0c8".into()),
+            url: "https://blog.example/a?x=1".into(),
+            referrer: Some("https://news.example/item?id=5#c".into()),
+            name: None,
+            dedupe: None,
+        }
+    }
+
+    #[test]
+    fn window_edges_are_inclusive() {
+        let now = at("2026-06-01T12:00:00Z");
+        let w = TimeWindow::default();
+        assert!(w.contains(now, at("2026-05-29T12:00:00Z")));
+        assert!(!w.contains(now, at("2026-05-29T11:59:59.999Z")));
+        assert!(w.contains(now, at("2026-06-01T12:05:00Z")));
+        assert!(!w.contains(now, at("2026-06-01T12:05:00.001Z")));
+    }
+
+    #[test]
+    fn old_event_ids_are_refused() {
+        let now = at("2026-06-01T12:00:00Z");
+        let old = EventId::new_at(at("2026-05-20T00:00:00Z"), [1; 10])
+            .uuid()
+            .to_string();
+        let err = ValidHit::parse(&hit(&old), now, TimeWindow::default()).expect_err("old");
+        assert_eq!(err.code(), "event_id_out_of_window");
+    }
+
+    #[test]
+    fn a_good_hit_parses_and_referrer_loses_its_query() {
+        let now = at("2026-06-01T12:00:00Z");
+        let id = EventId::new_at(now, [1; 10]).uuid().to_string();
+        let valid = ValidHit::parse(&hit(&id), now, TimeWindow::default()).expect("valid");
+        assert_eq!(valid.page.as_str(), "/a");
+        assert_eq!(valid.referrer.as_deref(), Some("https://news.example/item"));
+    }
+
+    #[test]
+    fn events_need_a_name() {
+        let now = at("2026-06-01T12:00:00Z");
+        let mut h = hit(&EventId::new_at(now, [1; 10]).uuid().to_string());
+        h.kind = "event".into();
+        assert_eq!(
+            ValidHit::parse(&h, now, TimeWindow::default()),
+            Err(HitError::MissingName)
+        );
+        h.name = Some("purchase".into());
+        h.dedupe = Some("order_1".into());
+        assert!(ValidHit::parse(&h, now, TimeWindow::default()).is_ok());
+        h.kind = "click".into();
+        assert_eq!(
+            ValidHit::parse(&h, now, TimeWindow::default()),
+            Err(HitError::Type)
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! The counting core: plain Rust that knows no HTTP and no database.
+//!
+//! Contract: everything here is deterministic given its inputs. Time comes in as a parameter
+//! (see [`clock`]), never from `now()` inside logic; identifiers are parsed into types that
+//! cannot hold an invalid value ([`ids`]); a raw hit becomes a [`hit::ValidHit`] or a typed
+//! [`hit::HitError`] with a stable code. The HTTP edge and the stores depend on this module,
+//! never the other way round.
+
+pub mod clock;
+pub mod counts;
+pub mod day;
+pub mod hit;
+pub mod ids;
+pub mod live;
+pub mod record;

@@ -1,0 +1,66 @@
+//! `GET /api/v1/counts?site=&page=`: the numbers for in-page counters (open to any origin the
+//! site allows; these are the numbers a page shows its readers).
+
+use axum::Json;
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::routing::get;
+use serde::Deserialize;
+use tally_wire::{Counts, Live};
+
+use super::{ApiError, AppState, origin};
+use crate::core::counts::present;
+use crate::core::ids::{PagePath, SiteId};
+use crate::store::Site;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/v1/counts", get(counts))
+}
+
+#[derive(Debug, Deserialize)]
+struct CountsQuery {
+    site: String,
+    page: Option<String>,
+}
+
+async fn counts(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<CountsQuery>, QueryRejection>,
+) -> Result<Json<Counts>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let site_id = SiteId::parse(&q.site).map_err(|e| ApiError::bad(e.code(), e.to_string()))?;
+    let page = match q.page.as_deref() {
+        None | Some("") => PagePath::root(),
+        Some(p) => PagePath::parse(p)
+            .map_err(|_| ApiError::bad("invalid_page", "page must be a path starting with /"))?,
+    };
+    let site = state.sites.for_origin(&site_id, origin(&headers)).await?;
+    Ok(Json(counts_for(&state, &site, &page).await?))
+}
+
+/// The counts of `site` and `page` now.
+pub async fn counts_for(
+    state: &AppState,
+    site: &Site,
+    page: &PagePath,
+) -> Result<Counts, ApiError> {
+    let now = state.clock.now();
+    let raw = state
+        .store
+        .counts(&site.id, page, site.zone.day_of(now))
+        .await?;
+    let live = match state.live.lock() {
+        Ok(mut live) => {
+            let n = live.read(&(site.id.clone(), None), now.as_millisecond());
+            Live {
+                events: n.events,
+                visitors: n.visitors,
+            }
+        }
+        Err(_) => Live::default(),
+    };
+    Ok(present(&raw, live))
+}

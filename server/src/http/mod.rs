@@ -1,0 +1,217 @@
+//! The HTTP edge: parses requests into core types, calls the core and the ingest queue, maps
+//! errors to answers. No counting logic lives here.
+//!
+//! Contract: every route module owns `fn router()`; [`app`] merges them and adds the shared
+//! layers — CORS for `/api/*` (origin echoed, `Vary: Origin`, credentials allowed, preflight
+//! answered), `Cache-Control: no-store` on every API answer, JSON 404/405 answers.
+
+mod assets;
+mod counts;
+mod error;
+mod hit;
+mod ops;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+
+pub use error::ApiError;
+
+use crate::config::ServeConfig;
+use crate::core::clock::Clock;
+use crate::core::ids::{PagePath, SiteId};
+use crate::core::live::LiveWindow;
+use crate::ingest::Ingest;
+use crate::metrics::Metrics;
+use crate::privacy::SourceHasher;
+use crate::sites::SiteRegistry;
+use crate::store::Store;
+
+/// Live-window key: a whole site (`None`) or one of its pages.
+pub type LiveKey = (SiteId, Option<PagePath>);
+
+/// Most distinct visitors tracked per live key.
+const LIVE_MAX_VISITORS: usize = 100_000;
+
+/// Everything a handler needs; cloned per request (all fields are shared handles).
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub ingest: Ingest,
+    pub sites: Arc<SiteRegistry>,
+    pub clock: Arc<dyn Clock>,
+    pub config: Arc<ServeConfig>,
+    pub metrics: Arc<Metrics>,
+    /// This collector's live window (events of the last N seconds).
+    pub live: Arc<Mutex<LiveWindow<LiveKey>>>,
+    pub hasher: Arc<SourceHasher>,
+    /// The bot user-agent list, compiled once.
+    pub bots: Arc<isbot::Bots>,
+}
+
+impl AppState {
+    /// Build the state around a started ingest queue.
+    pub fn new(
+        store: Arc<dyn Store>,
+        ingest: Ingest,
+        clock: Arc<dyn Clock>,
+        config: ServeConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            sites: Arc::new(SiteRegistry::new(Arc::clone(&store), config.auto_sites)),
+            hasher: Arc::new(SourceHasher::new(Arc::clone(&store))),
+            live: Arc::new(Mutex::new(LiveWindow::new(
+                config.live_window_secs,
+                LIVE_MAX_VISITORS,
+            ))),
+            config: Arc::new(config),
+            bots: Arc::new(isbot::Bots::default()),
+            store,
+            ingest,
+            clock,
+            metrics,
+        }
+    }
+
+    /// The client's address: the peer, or the first `X-Forwarded-For` hop behind a trusted proxy.
+    pub fn client_ip(&self, peer: SocketAddr, headers: &HeaderMap) -> IpAddr {
+        if self.config.trust_proxy
+            && let Some(ip) = headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(',').next())
+                .and_then(|v| v.trim().parse().ok())
+        {
+            return ip;
+        }
+        peer.ip()
+    }
+
+    /// Whether the request carries the admin token (bearer header or session cookie).
+    pub fn is_admin(&self, headers: &HeaderMap) -> bool {
+        let Some(token) = self.config.admin_token.as_deref() else {
+            return false;
+        };
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let cookie = headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .find_map(|c| c.trim().strip_prefix("tally_admin="));
+        [bearer, cookie]
+            .into_iter()
+            .flatten()
+            .any(|given| constant_time_eq(given, token))
+    }
+}
+
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// The whole application.
+pub fn app(state: AppState) -> Router {
+    let api = Router::new()
+        .merge(hit::router())
+        .merge(counts::router())
+        .layer(middleware::from_fn(api_headers));
+    Router::new()
+        .merge(api)
+        .merge(ops::router())
+        .merge(assets::router())
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state)
+}
+
+/// CORS and caching headers for `/api/*`; answers preflights itself.
+async fn api_headers(request: Request, next: Next) -> Response {
+    let origin = request.headers().get(header::ORIGIN).cloned();
+    let mut response = if request.method() == Method::OPTIONS {
+        let mut r = StatusCode::NO_CONTENT.into_response();
+        let h = r.headers_mut();
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static("GET, POST, OPTIONS"),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static("content-type"),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("86400"),
+        );
+        r
+    } else {
+        next.run(request).await
+    };
+    let h = response.headers_mut();
+    // Whether this origin may send for the requested site is decided by the handler (403);
+    // echoing it here lets the page read that answer.
+    if let Some(origin) = origin {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static("true"),
+        );
+    }
+    h.append(header::VARY, HeaderValue::from_static("Origin"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The request's `Origin`, if it is readable text.
+pub fn origin(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::ORIGIN).and_then(|v| v.to_str().ok())
+}
+
+/// Read a whole body of at most `limit` bytes.
+pub async fn read_body(
+    body: axum::body::Body,
+    limit: usize,
+) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(err) = source {
+            if err.is::<http_body_util::LengthLimitError>() {
+                return ApiError::TooLarge { limit };
+            }
+            source = err.source();
+        }
+        ApiError::bad(
+            "unreadable_body",
+            format!("the body could not be read: {e}"),
+        )
+    })
+}
+
+/// Reject content types other than JSON and text/plain (beacons); a missing one is accepted.
+pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let ct = ct.to_str().unwrap_or_default().to_ascii_lowercase();
+    let essence = ct.split(';').next().unwrap_or_default().trim();
+    match essence {
+        "application/json" | "text/plain" => Ok(()),
+        _ => Err(ApiError::UnsupportedMediaType),
+    }
+}
+
+/// Shared state handle for handlers.
+pub type AppStateExt = State<AppState>;

@@ -1,0 +1,195 @@
+//! The `tally` command: parses configuration and hands over to the library.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tally::config::{FileConfig, ServeArgs, ServeConfig};
+use tally::core::clock::SystemClock;
+use tally::core::day::SiteZone;
+use tally::core::ids::SiteId;
+use tally::store::Site;
+
+#[derive(Parser)]
+#[command(
+    name = "tally",
+    version,
+    about = "Self-hosted visit counter and web analytics collector"
+)]
+struct Cli {
+    /// SQLite database file.
+    #[arg(long, global = true, env = "TALLY_DB")]
+    db: Option<PathBuf>,
+    /// Optional TOML config file (keys as the long flags: listen, auto-sites, db, ...).
+    #[arg(long, global = true, env = "TALLY_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the collector.
+    Serve(ServeArgs),
+    /// Manage sites.
+    #[command(subcommand)]
+    Site(SiteCommand),
+    /// Recount counters from raw events and report drift.
+    Verify {
+        /// Replace drifted counters with the recount.
+        #[arg(long)]
+        repair: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum SiteCommand {
+    /// Add (or replace) a site.
+    Add {
+        id: String,
+        /// Allowed origin (repeat for several), e.g. https://blog.example.com; `*` for any.
+        #[arg(long = "origin", required = true)]
+        origins: Vec<String>,
+        /// IANA time zone of the site's days.
+        #[arg(long, default_value = "UTC")]
+        timezone: String,
+        /// Make the site's stats public.
+        #[arg(long)]
+        public: bool,
+    },
+    /// List sites.
+    List,
+    /// Remove a site's configuration (its counts stay in the database).
+    Remove { id: String },
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TALLY_LOG")
+                .unwrap_or_else(|_| "info,tower_http=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let file = match &cli.config {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    };
+    let args = match &cli.command {
+        Command::Serve(args) => args.clone(),
+        _ => ServeArgs::default(),
+    };
+    let config = ServeConfig::resolve(args, cli.db.clone(), file)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        let store = tally::open_store(&config)?;
+        match cli.command {
+            Command::Serve(_) => serve(config, store).await,
+            Command::Site(cmd) => site(cmd, store.as_ref()).await,
+            Command::Verify { repair } => verify(store.as_ref(), repair).await,
+        }
+    })
+}
+
+async fn serve(config: ServeConfig, store: Arc<dyn tally::store::Store>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(db = %config.db.display(), auto_sites = config.auto_sites, "starting");
+    println!("listening on http://{addr}");
+    let shutdown = async {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(term) => term,
+                    Err(_) => return std::mem::drop(ctrl_c.await),
+                };
+            tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutting down: committing queued hits");
+    };
+    tally::run(listener, config, store, Arc::new(SystemClock), shutdown).await
+}
+
+async fn site(cmd: SiteCommand, store: &dyn tally::store::Store) -> anyhow::Result<()> {
+    match cmd {
+        SiteCommand::Add {
+            id,
+            origins,
+            timezone,
+            public,
+        } => {
+            let site = Site {
+                id: SiteId::parse(&id).map_err(|e| anyhow::anyhow!("{id:?}: {e}"))?,
+                origins: origins
+                    .iter()
+                    .map(|o| normalise_origin(o))
+                    .collect::<anyhow::Result<_>>()?,
+                zone: SiteZone::parse(&timezone)?,
+                public,
+            };
+            store.put_site(&site).await?;
+            println!("site {} saved", site.id);
+        }
+        SiteCommand::List => {
+            for s in store.list_sites().await? {
+                let visibility = if s.public { "public" } else { "private" };
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    s.id,
+                    s.zone.name(),
+                    visibility,
+                    s.origins.join(",")
+                );
+            }
+        }
+        SiteCommand::Remove { id } => {
+            let id = SiteId::parse(&id).map_err(|e| anyhow::anyhow!("{id:?}: {e}"))?;
+            if !store.remove_site(&id).await? {
+                anyhow::bail!("no site {id}");
+            }
+            println!("site {id} removed");
+        }
+    }
+    Ok(())
+}
+
+/// `https://Blog.Example.com/` → `https://blog.example.com` (what browsers send as Origin).
+fn normalise_origin(raw: &str) -> anyhow::Result<String> {
+    if raw == "*" {
+        return Ok(raw.to_owned());
+    }
+    let url = url::Url::parse(raw).with_context(|| format!("origin {raw:?} is not a URL"))?;
+    anyhow::ensure!(
+        matches!(url.scheme(), "http" | "https"),
+        "origin {raw:?} must be http(s)"
+    );
+    Ok(url.origin().ascii_serialization())
+}
+
+async fn verify(store: &dyn tally::store::Store, repair: bool) -> anyhow::Result<()> {
+    let report = store.verify(repair).await?;
+    for d in &report.drift {
+        println!(
+            "drift {}: stored views/visitors {:?}, recount {:?}",
+            d.key, d.stored, d.recounted
+        );
+    }
+    println!(
+        "checked {} counters, {} drifted{}",
+        report.checked,
+        report.drift.len(),
+        if report.repaired { ", repaired" } else { "" }
+    );
+    if !report.drift.is_empty() && !report.repaired {
+        std::process::exit(1);
+    }
+    Ok(())
+}

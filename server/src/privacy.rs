@@ -1,0 +1,84 @@
+//! Keyed hashing of request sources. Raw IP addresses are never written anywhere: where a
+//! source must be recognised (visitors without an id, badge and pixel repeat suppression,
+//! rate limits) it becomes `blake3(key = salt of the UTC day, site | ip | user agent)`.
+//! The salt is random, kept in the store so every collector and every restart of one day
+//! agrees, and deleted after a day, so old hashes can never be recomputed or linked.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use jiff::civil::Date;
+use tokio::sync::Mutex;
+
+use crate::core::ids::{SiteId, VisitorKey};
+use crate::store::{Store, StoreError};
+
+/// 32 random bytes from the operating system.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut buf = [0u8; N];
+    // getrandom only fails where the OS has no entropy source at all; fall back to time noise
+    // rather than panic on a request path.
+    if getrandom::fill(&mut buf).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let h = blake3::hash(&t.to_le_bytes());
+        for (b, s) in buf.iter_mut().zip(h.as_bytes().iter().cycle()) {
+            *b = *s;
+        }
+    }
+    buf
+}
+
+/// Hashes request sources with the salt of the current UTC day.
+pub struct SourceHasher {
+    store: Arc<dyn Store>,
+    /// The salt in use and its day; replaced on the first request of a new day.
+    current: Mutex<Option<(Date, [u8; 32])>>,
+}
+
+impl SourceHasher {
+    /// A hasher whose salts live in `store`.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            current: Mutex::new(None),
+        }
+    }
+
+    async fn salt(&self, utc_day: Date) -> Result<[u8; 32], StoreError> {
+        let mut current = self.current.lock().await;
+        if let Some((day, salt)) = *current
+            && day == utc_day
+        {
+            return Ok(salt);
+        }
+        let salt = self.store.salt_for(utc_day, random_bytes()).await?;
+        *current = Some((utc_day, salt));
+        Ok(salt)
+    }
+
+    /// The key of one source (site, ip, user agent) on `utc_day`.
+    pub async fn source_key(
+        &self,
+        utc_day: Date,
+        site: &SiteId,
+        ip: IpAddr,
+        user_agent: &str,
+    ) -> Result<VisitorKey, StoreError> {
+        let salt = self.salt(utc_day).await?;
+        let mut hasher = blake3::Hasher::new_keyed(&salt);
+        hasher.update(site.as_str().as_bytes());
+        hasher.update(&[0]);
+        match ip {
+            IpAddr::V4(v4) => hasher.update(&v4.octets()),
+            IpAddr::V6(v6) => hasher.update(&v6.octets()),
+        };
+        hasher.update(&[0]);
+        hasher.update(user_agent.as_bytes());
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+        Ok(VisitorKey(key))
+    }
+}

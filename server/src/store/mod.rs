@@ -1,0 +1,127 @@
+//! Persistence behind one interface, [`Store`].
+//!
+//! Contract (every backend; proven by the conformance suite in `tests/`):
+//! - [`Store::commit`] stores a batch of records and their derived counters in ONE transaction
+//!   and returns one [`Outcome`] per record, in order. Dedupe is atomic inside the store (a
+//!   unique key on the event id, and on (site, name, dedupe) for keyed custom events), never a
+//!   read-then-write. When `commit` returns `Ok`, the batch is durable; when it returns `Err`,
+//!   nothing of the batch is counted.
+//! - Counters are derived data: [`Store::verify`] recounts them from the raw events and reports
+//!   (and with `repair`, fixes) every difference.
+//! - A backend's errors become [`StoreError`]; its text is logged, never sent to clients.
+
+pub mod sqlite;
+
+use async_trait::async_trait;
+use jiff::civil::Date;
+use tally_wire::Numbers;
+
+use crate::core::day::SiteZone;
+use crate::core::ids::{PagePath, SiteId};
+use crate::core::record::{Outcome, Record};
+
+/// A store failure. Clients see 503 `storage_unavailable`; the detail goes to the log.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The backend failed or could not be reached.
+    #[error("storage backend error: {0}")]
+    Backend(String),
+    /// Stored data could not be read back (e.g. an unknown time zone name).
+    #[error("stored data is invalid: {0}")]
+    Invalid(String),
+}
+
+/// A configured site.
+#[derive(Debug, Clone)]
+pub struct Site {
+    pub id: SiteId,
+    /// Origins allowed to send hits (`https://blog.example.com`), or `*` for any.
+    pub origins: Vec<String>,
+    pub zone: SiteZone,
+    /// Whether the stats (dashboard, series, top) are open without the admin token.
+    pub public: bool,
+}
+
+impl Site {
+    /// Whether a browser `Origin` may send hits for this site.
+    pub fn allows_origin(&self, origin: &str) -> bool {
+        self.origins
+            .iter()
+            .any(|o| o == "*" || o.eq_ignore_ascii_case(origin))
+    }
+}
+
+/// Numbers of one scope, kept apart by source (see [`crate::core::record::Source`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BySource {
+    pub web: Numbers,
+    pub badge: Numbers,
+}
+
+/// What the counts endpoint needs, straight from the counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountsRaw {
+    pub site_all: BySource,
+    pub site_today: BySource,
+    pub page_all: BySource,
+    pub page_today: BySource,
+    /// Carried-over numbers (`tally site set-base`) of the site and of the page.
+    pub site_base: Numbers,
+    pub page_base: Numbers,
+}
+
+/// One counter that differs from its recount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    /// Which counter: `site/source/page/day` (page empty for the whole site, day `*` for all time).
+    pub key: String,
+    pub stored: (i64, i64),
+    pub recounted: (i64, i64),
+}
+
+/// Result of [`Store::verify`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Counters compared.
+    pub checked: u64,
+    /// Counters that differ from the recount.
+    pub drift: Vec<Drift>,
+    /// Whether the drift was repaired.
+    pub repaired: bool,
+}
+
+/// The persistence interface of the collector.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Store records and count them, atomically; one outcome per record, in order.
+    async fn commit(&self, records: Vec<Record>) -> Result<Vec<Outcome>, StoreError>;
+
+    /// Counters of a site and one of its pages; `today` is the site's current local day.
+    async fn counts(
+        &self,
+        site: &SiteId,
+        page: &PagePath,
+        today: Date,
+    ) -> Result<CountsRaw, StoreError>;
+
+    /// All configured sites.
+    async fn list_sites(&self) -> Result<Vec<Site>, StoreError>;
+    /// One site.
+    async fn get_site(&self, id: &SiteId) -> Result<Option<Site>, StoreError>;
+    /// Create or replace a site.
+    async fn put_site(&self, site: &Site) -> Result<(), StoreError>;
+    /// Create a site unless it exists (auto-sites); returns the stored one.
+    async fn ensure_site(&self, site: &Site) -> Result<Site, StoreError>;
+    /// Remove a site's configuration (its counted data stays). Returns whether it existed.
+    async fn remove_site(&self, id: &SiteId) -> Result<bool, StoreError>;
+
+    /// The secret salt of `day` (UTC): the stored one, or `fresh` stored now. Salts of days
+    /// before `day - 1` are deleted, so yesterday's hashes can never be recomputed.
+    async fn salt_for(&self, day: Date, fresh: [u8; 32]) -> Result<[u8; 32], StoreError>;
+
+    /// Recount counters from raw events; with `repair`, replace drifted counters.
+    async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError>;
+
+    /// Delete raw events older than `before_ms` (their counters stay). Returns rows deleted.
+    async fn prune(&self, before_ms: i64) -> Result<u64, StoreError>;
+}

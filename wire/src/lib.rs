@@ -1,0 +1,162 @@
+//! Tally's wire format, version 1 — the one definition of what travels between the browser
+//! client and the collector.
+//!
+//! Contract:
+//! - These types are the public JSON shapes of `POST /api/v1/hit`, `POST /api/v1/events`,
+//!   `GET /api/v1/counts` and every error body. Field names and meanings are stable within v1;
+//!   new optional fields may be added, and receivers ignore fields they do not know.
+//! - Identifiers travel as strings. The collector parses them into its own typed values and
+//!   answers with a precise error code when one is malformed, so this crate stays free of any
+//!   validation logic and small enough for the WebAssembly client.
+//! - Nothing here allocates beyond what serde needs; nothing here panics.
+
+use serde::{Deserialize, Serialize};
+
+/// Largest accepted body of `POST /api/v1/hit`, in bytes.
+pub const MAX_HIT_BYTES: usize = 8 * 1024;
+/// Largest number of records in one `POST /api/v1/events` batch.
+pub const MAX_BATCH_RECORDS: usize = 500;
+/// Largest accepted body of `POST /api/v1/events`, in bytes.
+pub const MAX_BATCH_BYTES: usize = MAX_BATCH_RECORDS * MAX_HIT_BYTES;
+
+/// `type` of a page view.
+pub const TYPE_PAGEVIEW: &str = "pageview";
+/// `type` of a custom event.
+pub const TYPE_EVENT: &str = "event";
+
+/// One page view or custom event: the body of `POST /api/v1/hit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hit {
+    /// Site id, `[a-z0-9][a-z0-9._-]{0,63}`.
+    pub site: String,
+    /// [`TYPE_PAGEVIEW`] or [`TYPE_EVENT`].
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A UUIDv7 made by the client for this one event; retries reuse it.
+    pub event_id: String,
+    /// The anonymous visitor id (a UUID), or `null` when the client keeps none.
+    #[serde(default)]
+    pub visitor_id: Option<String>,
+    /// Absolute http(s) URL of the page.
+    pub url: String,
+    /// Absolute URL of the referring page, or `null`.
+    #[serde(default)]
+    pub referrer: Option<String>,
+    /// Event name (required for `type = "event"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Dedupe key of a custom event: counted once per (site, name, dedupe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe: Option<String>,
+}
+
+/// How the collector treated one record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Stored and counted.
+    Accepted,
+    /// This event id (or dedupe key) was counted before; nothing changed.
+    Duplicate,
+    /// A repeat from one source beyond the allowed rate: not counted.
+    Suppressed,
+    /// Bot or otherwise filtered traffic: not counted.
+    Filtered,
+    /// Only in batch results: the record was invalid (see `error`).
+    Rejected,
+}
+
+/// Answer of `POST /api/v1/hit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HitResponse {
+    pub status: Status,
+    /// Present when the request asked for `?counts=1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<Counts>,
+}
+
+/// Body of `POST /api/v1/events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    pub events: Vec<Hit>,
+}
+
+/// One result of a batch, in the order of the records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchResult {
+    /// The record's event id as sent (may be absent when the record was not an object).
+    pub event_id: Option<String>,
+    pub status: Status,
+    /// Error code when `status` is `rejected`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Answer of `POST /api/v1/events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchResponse {
+    pub results: Vec<BatchResult>,
+}
+
+/// Views and visitors of one scope.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Numbers {
+    pub views: u64,
+    pub visitors: u64,
+}
+
+/// All-time numbers plus today's (in the site's time zone).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeCounts {
+    pub views: u64,
+    pub visitors: u64,
+    pub today: Numbers,
+}
+
+/// Events and distinct visitors of the live window (the last 60 s).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Live {
+    pub events: u64,
+    pub visitors: u64,
+}
+
+/// Answer of `GET /api/v1/counts` (and `counts` of a hit answer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub site: ScopeCounts,
+    pub page: ScopeCounts,
+    pub live: Live,
+}
+
+/// Every 4xx/5xx body: a stable snake_case code and a sentence for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hit_ignores_unknown_fields_and_defaults_optionals() {
+        let hit: Hit = serde_json::from_str(
+            r#"{"site":"blog","type":"pageview","event_id":"x","url":"https://a/","extra":[1]}"#,
+        )
+        .expect("valid hit");
+        assert_eq!(hit.visitor_id, None);
+        assert_eq!(hit.referrer, None);
+        assert_eq!(hit.kind, TYPE_PAGEVIEW);
+    }
+
+    #[test]
+    fn status_is_snake_case_on_the_wire() {
+        let body = serde_json::to_string(&HitResponse {
+            status: Status::Duplicate,
+            counts: None,
+        })
+        .expect("serialises");
+        assert_eq!(body, r#"{"status":"duplicate"}"#);
+    }
+}
