@@ -29,13 +29,16 @@ pub enum SiteError {
     Store(#[from] StoreError),
 }
 
+/// A cached lookup: the site (or `None`: known not to exist) and when it was read.
+type Cached = (Option<Arc<Site>>, Instant);
+
 /// Cached access to sites.
 pub struct SiteRegistry {
     store: Arc<dyn Store>,
     /// Create unknown sites on first use.
     auto_sites: bool,
     /// id → (site or known-absent, when it was read).
-    cache: RwLock<HashMap<SiteId, (Option<Arc<Site>>, Instant)>>,
+    cache: RwLock<HashMap<SiteId, Cached>>,
 }
 
 impl SiteRegistry {

@@ -16,7 +16,7 @@ use crate::core::ids::{PagePath, SiteId};
 use crate::store::Site;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/api/v1/counts", get(counts))
+    Router::new().route("/api/v1/counts", get(counts).options(super::preflight))
 }
 
 #[derive(Debug, Deserialize)]

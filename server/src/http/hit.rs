@@ -27,8 +27,8 @@ use crate::core::record::{Outcome, Record, Source};
 
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/api/v1/hit", post(hit))
-        .route("/api/v1/events", post(events))
+        .route("/api/v1/hit", post(hit).options(super::preflight))
+        .route("/api/v1/events", post(events).options(super::preflight))
 }
 
 /// What the request says about its sender.
@@ -120,7 +120,9 @@ pub fn observe(state: &AppState, record: &Record, outcome: Outcome) {
         Outcome::Accepted => {
             state.metrics.hit("accepted");
             let now = state.clock.now().as_millisecond();
-            let visitor = u64::from_le_bytes(record.visitor.0[..8].try_into().unwrap_or([0; 8]));
+            let (lo, hi) = record.visitor.0.split_at(8);
+            let visitor = u64::from_le_bytes(lo.try_into().unwrap_or([0; 8]))
+                ^ u64::from_le_bytes(hi.try_into().unwrap_or([0; 8]));
             if let Ok(mut live) = state.live.lock() {
                 live.record(&(record.site.clone(), None), visitor, now);
                 if record.kind == HitKind::Pageview {

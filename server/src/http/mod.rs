@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 
@@ -138,28 +138,10 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// CORS and caching headers for `/api/*`; answers preflights itself.
+/// CORS and caching headers for every `/api/*` answer.
 async fn api_headers(request: Request, next: Next) -> Response {
     let origin = request.headers().get(header::ORIGIN).cloned();
-    let mut response = if request.method() == Method::OPTIONS {
-        let mut r = StatusCode::NO_CONTENT.into_response();
-        let h = r.headers_mut();
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("GET, POST, OPTIONS"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_HEADERS,
-            HeaderValue::from_static("content-type"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_MAX_AGE,
-            HeaderValue::from_static("86400"),
-        );
-        r
-    } else {
-        next.run(request).await
-    };
+    let mut response = next.run(request).await;
     let h = response.headers_mut();
     // Whether this origin may send for the requested site is decided by the handler (403);
     // echoing it here lets the page read that answer.
@@ -173,6 +155,25 @@ async fn api_headers(request: Request, next: Next) -> Response {
     h.append(header::VARY, HeaderValue::from_static("Origin"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+/// The answer to a CORS preflight (`OPTIONS`); [`api_headers`] adds the echoed origin.
+pub async fn preflight() -> Response {
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("content-type"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("86400"),
+    );
+    r
 }
 
 /// The request's `Origin`, if it is readable text.

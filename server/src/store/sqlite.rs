@@ -355,8 +355,8 @@ fn insert_site(conn: &Connection, site: &Site, replace: bool) -> Result<(), Stor
 
 /// The recount of every counter from raw events: (site, source, page, day, views, visitors).
 const RECOUNT: &str = "
-    SELECT site, source, page, day, COUNT(*), COUNT(DISTINCT visitor) FROM events
-        WHERE kind = 0 GROUP BY site, source, page, day
+    SELECT site, source, page, day, COUNT(*) AS views, COUNT(DISTINCT visitor) AS visitors
+        FROM events WHERE kind = 0 GROUP BY site, source, page, day
     UNION ALL SELECT site, source, '', day, COUNT(*), COUNT(DISTINCT visitor) FROM events
         WHERE kind = 0 GROUP BY site, source, day
     UNION ALL SELECT site, source, page, '*', COUNT(*), COUNT(DISTINCT visitor) FROM events
@@ -366,7 +366,8 @@ const RECOUNT: &str = "
 
 /// The recount of custom-event counters, shaped like [`RECOUNT`] (name in `page`, source -1).
 const RECOUNT_EVENTS: &str = "
-    SELECT site, -1, name, day, COUNT(*), 0 FROM events WHERE kind = 1 GROUP BY site, name, day
+    SELECT site, -1 AS source, name AS page, day, COUNT(*) AS views, 0 AS visitors
+        FROM events WHERE kind = 1 GROUP BY site, name, day
     UNION ALL SELECT site, -1, name, '*', COUNT(*), 0 FROM events WHERE kind = 1 GROUP BY site, name";
 
 const STORED: &str = "SELECT site, source, page, day, views, visitors FROM counters";

@@ -1,0 +1,9 @@
+//! Integration tests: real HTTP over loopback on port 0, a real SQLite file per test.
+
+mod bad_input;
+mod concurrency;
+mod crash;
+mod days;
+mod hits;
+mod store_conformance;
+mod support;

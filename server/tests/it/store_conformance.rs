@@ -1,0 +1,206 @@
+//! The store conformance suite: the same checks for every backend. A backend is added by one
+//! line in `backends!` (SQLite now; PostgreSQL joins here).
+
+use std::sync::Arc;
+
+use jiff::civil::date;
+use tally::core::day::SiteZone;
+use tally::core::hit::HitKind;
+use tally::core::ids::{DedupeKey, EventId, EventName, PagePath, SiteId, VisitorKey};
+use tally::core::record::{Outcome, Record, Source};
+use tally::store::{Site, Store};
+
+fn record(n: u8, visitor: u8, page: &str, day: jiff::civil::Date) -> Record {
+    let at: jiff::Timestamp = "2026-04-01T12:00:00Z".parse().expect("ts");
+    Record {
+        event_id: EventId::new_at(at, [n; 10]),
+        site: SiteId::parse("s").expect("site"),
+        source: Source::Web,
+        kind: HitKind::Pageview,
+        page: PagePath::parse(page).expect("page"),
+        visitor: VisitorKey([visitor; 16]),
+        at_ms: at.as_millisecond(),
+        day,
+        referrer: None,
+    }
+}
+
+async fn dedupes_within_and_across_batches(store: Arc<dyn Store>) {
+    let d = date(2026, 4, 1);
+    let out = store
+        .commit(vec![
+            record(1, 1, "/a", d),
+            record(1, 1, "/a", d),
+            record(2, 1, "/a", d),
+        ])
+        .await
+        .expect("commit");
+    assert_eq!(
+        out,
+        [Outcome::Accepted, Outcome::Duplicate, Outcome::Accepted]
+    );
+    let out = store
+        .commit(vec![record(2, 1, "/a", d), record(3, 2, "/b", d)])
+        .await
+        .expect("commit");
+    assert_eq!(out, [Outcome::Duplicate, Outcome::Accepted]);
+    let c = store
+        .counts(
+            &SiteId::parse("s").expect("s"),
+            &PagePath::parse("/a").expect("p"),
+            d,
+        )
+        .await
+        .expect("counts");
+    assert_eq!((c.page_all.web.views, c.page_all.web.visitors), (2, 1));
+    assert_eq!((c.site_today.web.views, c.site_today.web.visitors), (3, 2));
+    assert_eq!(c.site_all.badge.views, 0);
+}
+
+async fn dedupe_keys_count_custom_events_once(store: Arc<dyn Store>) {
+    let d = date(2026, 4, 1);
+    let event = |n: u8, key: Option<&str>| Record {
+        kind: HitKind::Event {
+            name: EventName::parse("purchase").expect("name"),
+            dedupe: key.map(|k| DedupeKey::parse(k).expect("key")),
+        },
+        ..record(n, 1, "/cart", d)
+    };
+    let out = store
+        .commit(vec![
+            event(10, Some("o1")),
+            event(11, Some("o1")),
+            event(12, None),
+            event(13, None),
+        ])
+        .await
+        .expect("commit");
+    assert_eq!(
+        out,
+        [
+            Outcome::Accepted,
+            Outcome::Duplicate,
+            Outcome::Accepted,
+            Outcome::Accepted
+        ]
+    );
+    let report = store.verify(false).await.expect("verify");
+    assert!(report.drift.is_empty() && report.checked >= 2, "{report:?}");
+}
+
+async fn verify_finds_and_repairs_drift(store: Arc<dyn Store>, tamper: impl FnOnce()) {
+    let d = date(2026, 4, 1);
+    store
+        .commit((0..20).map(|n| record(n, n % 3, "/a", d)).collect())
+        .await
+        .expect("commit");
+    assert!(store.verify(false).await.expect("verify").drift.is_empty());
+    tamper();
+    let report = store.verify(false).await.expect("verify");
+    assert!(!report.drift.is_empty(), "tampering must show as drift");
+    assert!(!report.repaired);
+    let report = store.verify(true).await.expect("repair");
+    assert!(report.repaired);
+    assert!(
+        store.verify(false).await.expect("verify").drift.is_empty(),
+        "repair leaves no drift"
+    );
+    let c = store
+        .counts(
+            &SiteId::parse("s").expect("s"),
+            &PagePath::parse("/a").expect("p"),
+            d,
+        )
+        .await
+        .expect("c");
+    assert_eq!((c.page_all.web.views, c.page_all.web.visitors), (20, 3));
+}
+
+async fn sites_round_trip(store: Arc<dyn Store>) {
+    let site = Site {
+        id: SiteId::parse("blog").expect("id"),
+        origins: vec!["https://a.example".into(), "https://b.example".into()],
+        zone: SiteZone::parse("Europe/Berlin").expect("zone"),
+        public: false,
+    };
+    store.put_site(&site).await.expect("put");
+    let got = store
+        .get_site(&site.id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(got.origins, site.origins);
+    assert_eq!(got.zone.name(), "Europe/Berlin");
+    assert!(!got.public);
+    let auto = Site {
+        public: true,
+        origins: vec!["*".into()],
+        ..site.clone()
+    };
+    let kept = store.ensure_site(&auto).await.expect("ensure");
+    assert!(!kept.public, "ensure_site keeps an existing site");
+    assert!(store.remove_site(&site.id).await.expect("remove"));
+    assert!(store.get_site(&site.id).await.expect("get").is_none());
+}
+
+async fn salts_are_stable_per_day_and_forgotten(store: Arc<dyn Store>) {
+    let d1 = date(2026, 4, 1);
+    let a = store.salt_for(d1, [1; 32]).await.expect("salt");
+    let b = store.salt_for(d1, [2; 32]).await.expect("salt");
+    assert_eq!(a, b, "one salt per day");
+    let c = store
+        .salt_for(date(2026, 4, 3), [3; 32])
+        .await
+        .expect("salt");
+    assert_eq!(c, [3; 32]);
+    // Two days later the first salt is gone: asking again stores the new candidate.
+    assert_eq!(store.salt_for(d1, [4; 32]).await.expect("salt"), [4; 32]);
+}
+
+mod sqlite {
+    use super::*;
+    use tally::store::sqlite::{SqliteStore, SyncMode};
+
+    fn open() -> (tempfile::TempDir, std::path::PathBuf, Arc<dyn Store>) {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.sqlite");
+        let store = SqliteStore::open(&path, SyncMode::Full).expect("open");
+        (dir, path, Arc::new(store))
+    }
+
+    #[tokio::test]
+    async fn dedupes_within_and_across_batches() {
+        super::dedupes_within_and_across_batches(open().2).await;
+    }
+
+    #[tokio::test]
+    async fn dedupe_keys_count_custom_events_once() {
+        super::dedupe_keys_count_custom_events_once(open().2).await;
+    }
+
+    #[tokio::test]
+    async fn verify_finds_and_repairs_drift() {
+        let (_dir, path, store) = open();
+        super::verify_finds_and_repairs_drift(store, || {
+            let conn = rusqlite::Connection::open(&path).expect("open");
+            conn.execute(
+                "UPDATE counters SET views = views + 5 WHERE page = '/a' AND day = '*'",
+                [],
+            )
+            .expect("tamper");
+            conn.execute("DELETE FROM counters WHERE page = '' AND day != '*'", [])
+                .expect("tamper");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn sites_round_trip() {
+        super::sites_round_trip(open().2).await;
+    }
+
+    #[tokio::test]
+    async fn salts_are_stable_per_day_and_forgotten() {
+        super::salts_are_stable_per_day_and_forgotten(open().2).await;
+    }
+}

@@ -1,0 +1,170 @@
+//! `spawn_app()` and helpers shared by the integration tests.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use serde_json::{Value, json};
+use tally::config::ServeConfig;
+use tally::core::clock::{Clock, ManualClock};
+use tally::core::day::SiteZone;
+use tally::core::ids::{EventId, SiteId};
+use tally::store::{Site, Store};
+use tally_wire::Counts;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A browser-like user agent (empty and bot-like agents are filtered).
+pub const UA: &str = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/126.0 Safari/537.36";
+/// The origin allowed for the test site `blog`.
+pub const ORIGIN: &str = "https://blog.example";
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub client: reqwest::Client,
+    pub clock: Arc<ManualClock>,
+    pub store: Arc<dyn Store>,
+    pub db: PathBuf,
+    /// Keeps the database directory alive for the test.
+    pub _dir: tempfile::TempDir,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .user_agent(UA)
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("client")
+}
+
+/// Settings a test may change before the app starts.
+pub struct Options {
+    pub at: Timestamp,
+    pub zone: &'static str,
+    pub configure: fn(&mut ServeConfig),
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            at: Timestamp::now(),
+            zone: "UTC",
+            configure: |_| {},
+        }
+    }
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(Options::default()).await
+}
+
+pub async fn spawn_app_with(options: Options) -> TestApp {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("tally.sqlite");
+    let mut config = ServeConfig::for_db(&db);
+    (options.configure)(&mut config);
+    let store = tally::open_store(&config).expect("store");
+    store
+        .put_site(&Site {
+            id: SiteId::parse("blog").expect("id"),
+            origins: vec![ORIGIN.into()],
+            zone: SiteZone::parse(options.zone).expect("zone"),
+            public: true,
+        })
+        .await
+        .expect("site");
+    let clock = ManualClock::new(options.at);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = oneshot::channel::<()>();
+    let server = tokio::spawn(tally::run(
+        listener,
+        config,
+        Arc::clone(&store),
+        Arc::clone(&clock) as Arc<dyn Clock>,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    TestApp {
+        addr,
+        client: client(),
+        clock,
+        store,
+        db,
+        _dir: dir,
+        shutdown: Some(tx),
+        server: Some(server),
+    }
+}
+
+/// A UUIDv7 event id whose time is `at`.
+pub fn event_id_at(at: Timestamp) -> String {
+    let random: [u8; 10] = uuid::Uuid::new_v4().as_bytes()[..10]
+        .try_into()
+        .expect("10 bytes");
+    EventId::new_at(at, random).uuid().to_string()
+}
+
+pub fn pageview(event_id: &str, visitor: Option<&str>, path: &str) -> Value {
+    json!({
+        "site": "blog", "type": "pageview", "event_id": event_id, "visitor_id": visitor,
+        "url": format!("https://blog.example{path}?utm_source=x"), "referrer": "https://news.example/x?y=1"
+    })
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// POST a hit as a beacon would (text/plain) from the allowed origin.
+    pub async fn post_hit(&self, body: &Value) -> reqwest::Response {
+        self.client
+            .post(self.url("/api/v1/hit"))
+            .header("content-type", "text/plain;charset=UTF-8")
+            .header("origin", ORIGIN)
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// POST a hit and return its `status`.
+    pub async fn hit_status(&self, body: &Value) -> String {
+        let r = self.post_hit(body).await;
+        assert_eq!(r.status(), 200, "hit answered {}", r.status());
+        let v: Value = r.json().await.expect("json");
+        v["status"].as_str().expect("status").to_owned()
+    }
+
+    pub async fn counts(&self, page: &str) -> Counts {
+        let r = self
+            .client
+            .get(self.url(&format!("/api/v1/counts?site=blog&page={page}")))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 200);
+        r.json().await.expect("counts json")
+    }
+
+    /// Stop accepting, commit what is queued, and wait for the server to finish.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.await.expect("join").expect("server result");
+        }
+    }
+}
