@@ -6,7 +6,8 @@
 //!   503 with `Retry-After`, not a pile of hanging requests.
 //! - One writer task takes jobs off the queue and commits them in batches: a batch closes when
 //!   it holds `max_batch` records (size), when `max_delay` has passed since its first job
-//!   (time), or when the queue is empty and closed (shutdown). Each job's answer is sent only
+//!   (time; the default 0 means "commit what is queued as soon as the writer is free": jobs
+//!   that arrive during a commit form the next batch), or when the queue is closed (shutdown). Each job's answer is sent only
 //!   after its batch's commit returned, so a 2xx always means "durably stored".
 //! - When the commit fails, every job of the batch gets [`IngestError::Store`] and nothing of
 //!   the batch is counted (the store's transaction rolled back).

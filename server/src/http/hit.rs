@@ -57,7 +57,7 @@ pub fn filter_reason(state: &AppState, sender: &Sender) -> Option<&'static str> 
     let ua = sender.user_agent.trim();
     if ua.is_empty() {
         Some("empty_user_agent")
-    } else if state.bots.is_bot(ua) {
+    } else if state.is_bot(ua) {
         Some("bot")
     } else {
         None

@@ -11,6 +11,7 @@ mod error;
 mod hit;
 mod ops;
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +36,9 @@ use crate::store::Store;
 /// Live-window key: a whole site (`None`) or one of its pages.
 pub type LiveKey = (SiteId, Option<PagePath>);
 
+/// User agents whose bot verdict is remembered.
+const BOT_VERDICTS: usize = 4096;
+
 /// Most distinct visitors tracked per live key.
 const LIVE_MAX_VISITORS: usize = 100_000;
 
@@ -52,6 +56,8 @@ pub struct AppState {
     pub hasher: Arc<SourceHasher>,
     /// The bot user-agent list, compiled once.
     pub bots: Arc<isbot::Bots>,
+    /// Verdicts of recently seen user agents (the list is a large regex; agents repeat).
+    bot_verdicts: Arc<Mutex<HashMap<String, bool>>>,
 }
 
 impl AppState {
@@ -72,6 +78,7 @@ impl AppState {
             ))),
             config: Arc::new(config),
             bots: Arc::new(isbot::Bots::default()),
+            bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
             store,
             ingest,
             clock,
@@ -91,6 +98,27 @@ impl AppState {
             return ip;
         }
         peer.ip()
+    }
+
+    /// Whether `user_agent` is on the bot list (cached for the most recent agents).
+    pub fn is_bot(&self, user_agent: &str) -> bool {
+        if let Some(&verdict) = self
+            .bot_verdicts
+            .lock()
+            .ok()
+            .and_then(|c| c.get(user_agent).copied())
+            .as_ref()
+        {
+            return verdict;
+        }
+        let verdict = self.bots.is_bot(user_agent);
+        if let Ok(mut cache) = self.bot_verdicts.lock() {
+            if cache.len() >= BOT_VERDICTS {
+                cache.clear();
+            }
+            cache.insert(user_agent.to_owned(), verdict);
+        }
+        verdict
     }
 
     /// Whether the request carries the admin token (bearer header or session cookie).

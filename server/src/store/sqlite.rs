@@ -8,6 +8,7 @@
 //! - Dedupe is the primary key of `events` (the UUIDv7 event id) and a partial unique index on
 //!   (site, name, dedupe); `INSERT OR IGNORE` plus the changed-row count decides the outcome.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -182,6 +183,9 @@ impl SqliteStore {
     }
 }
 
+/// Counter increments of one batch: (site, source, page, day) → (views, new visitors).
+type Deltas<'a> = HashMap<(&'a str, i64, &'a str, String), (i64, i64)>;
+
 fn commit_batch(conn: &mut Connection, records: &[Record]) -> Result<Vec<Outcome>, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut outcomes = Vec::with_capacity(records.len());
@@ -194,15 +198,13 @@ fn commit_batch(conn: &mut Connection, records: &[Record]) -> Result<Vec<Outcome
             "INSERT OR IGNORE INTO visitors (site, source, page, day, visitor) \
              VALUES (?1, ?2, ?3, ?4, ?5)",
         )?;
-        let mut bump_counter = tx.prepare_cached(
-            "INSERT INTO counters (site, source, page, day, views, visitors) \
-             VALUES (?1, ?2, ?3, ?4, 1, ?5) ON CONFLICT (site, source, page, day) \
-             DO UPDATE SET views = views + 1, visitors = visitors + excluded.visitors",
-        )?;
         let mut bump_event = tx.prepare_cached(
             "INSERT INTO event_counters (site, name, day, count) VALUES (?1, ?2, ?3, 1) \
              ON CONFLICT (site, name, day) DO UPDATE SET count = count + 1",
         )?;
+        // Counters are summed in memory and written once per key at the end of the batch: a
+        // batch of hits on few pages touches few counter rows.
+        let mut deltas: Deltas<'_> = HashMap::new();
         for r in records {
             let day = day_key(r.day);
             let (kind, name, dedupe) = match &r.kind {
@@ -237,15 +239,26 @@ fn commit_batch(conn: &mut Connection, records: &[Record]) -> Result<Vec<Outcome
                 }
                 continue;
             }
+            let (site, source) = (r.site.as_str(), r.source.code());
             for page in [r.page.as_str(), WHOLE_SITE] {
                 for d in [day.as_str(), ALL_TIME] {
-                    let site = r.site.as_str();
-                    let source = r.source.code();
                     let new =
                         insert_visitor.execute(params![site, source, page, d, &r.visitor.0[..]])?;
-                    bump_counter.execute(params![site, source, page, d, new as i64])?;
+                    let delta = deltas
+                        .entry((site, source, page, d.to_owned()))
+                        .or_default();
+                    delta.0 += 1;
+                    delta.1 += new as i64;
                 }
             }
+        }
+        let mut bump_counter = tx.prepare_cached(
+            "INSERT INTO counters (site, source, page, day, views, visitors) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (site, source, page, day) \
+             DO UPDATE SET views = views + excluded.views, visitors = visitors + excluded.visitors",
+        )?;
+        for ((site, source, page, day), (views, visitors)) in deltas {
+            bump_counter.execute(params![site, source, page, day, views, visitors])?;
         }
     }
     tx.commit()?;
