@@ -1,0 +1,87 @@
+// Tally host functions: the only place the WebAssembly client touches browser APIs.
+//
+// Contract: each function is imported by src/web.rs. scripts/build-snippet.sh inlines this
+// file into the wasm-bindgen glue (replacing the glue's import of it), so the free names
+// `done`, `tick`, `nav` and `hide` below are the glue's own exports. Nothing here throws:
+// storage errors become null/false, a failed fetch becomes done(token, 0), and every call
+// back into the module is wrapped so a fault there cannot reach the page.
+// Full-line comments are stripped at build time; keep the code itself compact.
+
+function tallyCall(f, a, b, c, d) {
+  try { f(a, b, c, d) } catch (e) {}
+}
+function tallyArea(a) {
+  return a ? sessionStorage : localStorage
+}
+export function now() {
+  return Date.now()
+}
+export function rand(b) {
+  crypto.getRandomValues(b)
+}
+export function load(a, k) {
+  try { return tallyArea(a).getItem(k) } catch (e) { return null }
+}
+export function save(a, k, v) {
+  try { v ? tallyArea(a).setItem(k, v) : tallyArea(a).removeItem(k); return true } catch (e) { return false }
+}
+// Token k > 0: fetch with a text/plain body (no CORS preflight), keepalive so it survives
+// navigation, no cookies; the answer is read, so 429/503 + Retry-After and the counters
+// reach the module through done(). Token 0: sendBeacon (page hiding: no answer wanted).
+export function send(u, b, k) {
+  try {
+    if (!k) return navigator.sendBeacon(u, b);
+    fetch(u, { method: 'POST', body: b, keepalive: true, credentials: 'omit' })
+      .then(r => r.text().then(t => tallyCall(done, k, r.status, r.headers.get('Retry-After'), t)),
+        () => tallyCall(done, k, 0))
+  } catch (e) {
+    // No fetch, or its keepalive quota is used up: fall back to a beacon, outcome unknown (1).
+    if (k) {
+      const ok = send(u, b, 0);
+      setTimeout(() => tallyCall(done, k, ok ? 1 : 0))
+    }
+  }
+  return false
+}
+export function later(ms) {
+  setTimeout(() => tallyCall(tick), ms)
+}
+export function page(r) {
+  return r ? document.referrer : location.href
+}
+export function want(z) {
+  return document.readyState == 'loading' || !!document.querySelector('[data-tally]' + (z ? ',[id^=busuanzi_]' : ''))
+}
+// The answer is a tally_wire::HitResponse; its counts fill [data-tally=...] elements and,
+// with data-busuanzi, the classic busuanzi ids (showing their hidden containers).
+export function fill(t, z) {
+  try {
+    const d = document, c = JSON.parse(t).counts, f = () => [
+      ['site.views', 'site_pv', c.site.views], ['site.visitors', 'site_uv', c.site.visitors],
+      ['page.views', 'page_pv', c.page.views], ['page.visitors', 'page_uv', c.page.visitors],
+      ['live', 0, c.live.visitors]
+    ].forEach(([k, b, v]) => {
+      d.querySelectorAll('[data-tally="' + k + '"]').forEach(e => e.textContent = v);
+      let e = z && b && d.getElementById('busuanzi_value_' + b);
+      if (e) e.textContent = v;
+      e = z && b && d.getElementById('busuanzi_container_' + b);
+      if (e) e.style.display = 'inline'
+    });
+    c && (d.readyState == 'loading' ? d.addEventListener('DOMContentLoaded', f) : f())
+  } catch (e) {}
+}
+export function listen(spa) {
+  if (spa) {
+    ['pushState', 'replaceState'].forEach((m, i) => {
+      const o = history[m];
+      history[m] = function () {
+        const r = o.apply(this, arguments);
+        tallyCall(nav, i);
+        return r
+      }
+    });
+    addEventListener('popstate', () => tallyCall(nav, 2))
+  }
+  addEventListener('pagehide', () => tallyCall(hide));
+  document.addEventListener('visibilitychange', () => document.visibilityState == 'hidden' && tallyCall(hide))
+}

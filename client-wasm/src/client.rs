@@ -1,0 +1,497 @@
+//! What the client does, independent of the browser: which hits it makes, where it keeps its
+//! state, how it sends, retries and fills in-page counters.
+//!
+//! Contract:
+//! - All I/O goes through the [`Host`] trait (storage, sending, timers, the page's URL, the
+//!   DOM), so this module is plain Rust, tested natively with a fake host. In the browser the
+//!   host is `web::Web`, a thin layer over `js/host.js`.
+//! - Storage: `localStorage` if it works, else `sessionStorage`, else memory (the page's
+//!   lifetime); with [`Options::storage`] off nothing is ever written and the visitor id is
+//!   `null`. A stored visitor id is reused only if it is a canonical UUID.
+//! - Every hit gets a fresh UUIDv7 event id, is written to the queue, then sent; a retry
+//!   resends the stored body byte for byte, so the event id never changes.
+//! - Sending: [`Host::send`] (fetch, whose answer comes back through [`Client::answer`]) while
+//!   the page lives; [`Host::beacon`] only when the page is being hidden or closed
+//!   ([`Client::hide`]), where no answer can be read. A hit leaves the queue only on a 2xx, or
+//!   on a 4xx other than 408/425/429, which retrying cannot fix.
+//! - Failures (network error, 408, 425, 429, 5xx, and beacons, whose outcome is unknown) are
+//!   retried after [`retry::next_delay_ms`]: capped exponential backoff with jitter, never
+//!   earlier than `Retry-After`. While a send awaits its answer the entry is leased for
+//!   [`LEASE_MS`] so that other tabs sharing the storage leave it alone.
+//! - In-page counters are filled from the answer to the page view's own request
+//!   (`?counts=1`), asked for only when the page has (or may still get) counter elements.
+
+use crate::json::{self, push_u64};
+use crate::queue::{self, Entry};
+use crate::{ids, retry};
+use tally_wire::{Hit, MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
+
+/// Storage key of the visitor id.
+pub const VISITOR_KEY: &str = "tally:vid";
+/// Storage key of the retry queue.
+pub const QUEUE_KEY: &str = "tally:q";
+/// Storage key written once to check that an area works.
+const PROBE_KEY: &str = "tally:probe";
+/// How long a sent hit is reserved while its answer is awaited.
+pub const LEASE_MS: u64 = 15_000;
+/// Longest page URL sent whole; longer ones lose their query and fragment.
+const MAX_URL_CHARS: usize = 2_048;
+
+/// The status [`Host::send`] reports when the request failed without an HTTP answer.
+pub const STATUS_NETWORK_ERROR: u16 = 0;
+/// The status [`Host::send`] reports when it could not use fetch and handed the hit to
+/// `sendBeacon` instead: delivered or not, nobody knows.
+pub const STATUS_BEACON: u16 = 1;
+
+/// A browser storage area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Area {
+    /// `localStorage`: survives the tab.
+    Local = 0,
+    /// `sessionStorage`: lives as long as the tab.
+    Session = 1,
+}
+
+/// Everything the client needs from its surroundings.
+pub trait Host {
+    /// Current Unix time in milliseconds.
+    fn now_ms(&self) -> u64;
+    /// Fills `buf` with cryptographically random bytes.
+    fn random(&self, buf: &mut [u8]);
+    /// Reads a key; `None` when absent or when the storage throws.
+    fn load(&self, area: Area, key: &str) -> Option<String>;
+    /// Writes a key (an empty value removes it); false when the storage throws.
+    fn save(&mut self, area: Area, key: &str, value: &str) -> bool;
+    /// POSTs `body` as `text/plain` to `url`; the outcome must come back later, never
+    /// synchronously, as `Client::answer(token, ...)`.
+    fn send(&mut self, url: &str, body: &str, token: u32);
+    /// Hands `body` to `navigator.sendBeacon`; true if the browser accepted it.
+    fn beacon(&mut self, url: &str, body: &str) -> bool;
+    /// Arranges one call of `Client::tick` after `delay_ms`.
+    fn schedule(&mut self, delay_ms: u32);
+    /// The page's current URL.
+    fn href(&self) -> String;
+    /// The page's referrer (`document.referrer`), empty when none.
+    fn referrer(&self) -> String;
+    /// Whether the page has counter elements, or may still get some (still parsing).
+    fn wants_counts(&self, busuanzi: bool) -> bool;
+    /// Fills the in-page counters from the body of a 2xx answer to `?counts=1` (a
+    /// `tally_wire::HitResponse`): `[data-tally=site.views|site.visitors|page.views|
+    /// page.visitors|live]` and, if `busuanzi`, the `busuanzi_value_*` ids. Bodies without
+    /// counts are ignored.
+    fn fill(&mut self, answer: &str, busuanzi: bool);
+    /// Starts reporting page hides (`Client::hide`) and, if `spa`, history changes
+    /// (`Client::navigate`).
+    fn listen(&mut self, spa: bool);
+}
+
+/// The `data-*` options of the script tag, as the loader passes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Site id (`data-site`, default: the page's host name).
+    pub site: String,
+    /// Collector base URL without a trailing slash (`data-api`, default: the script's origin).
+    pub api: String,
+    /// Keep a visitor id and queue in storage (off with `data-storage="none"`).
+    pub storage: bool,
+    /// Also fill the classic busuanzi ids (`data-busuanzi`).
+    pub busuanzi: bool,
+    /// Count page views automatically (off with `data-auto="false"`).
+    pub auto: bool,
+    /// Count history changes as page views (off with `data-spa="false"`).
+    pub spa: bool,
+}
+
+impl Options {
+    /// Flag bit: `data-storage="none"`.
+    pub const NO_STORAGE: u32 = 1;
+    /// Flag bit: `data-busuanzi`.
+    pub const BUSUANZI: u32 = 2;
+    /// Flag bit: `data-auto="false"`.
+    pub const MANUAL: u32 = 4;
+    /// Flag bit: `data-spa="false"`.
+    pub const NO_SPA: u32 = 8;
+
+    /// Builds the options from the loader's arguments.
+    pub fn new(site: String, api: String, flags: u32) -> Self {
+        Options {
+            site,
+            api,
+            storage: flags & Self::NO_STORAGE == 0,
+            busuanzi: flags & Self::BUSUANZI != 0,
+            auto: flags & Self::MANUAL == 0,
+            spa: flags & Self::NO_SPA == 0,
+        }
+    }
+}
+
+/// A history change reported by the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Navigation {
+    /// `history.pushState`: counts when the path or query changed.
+    Push,
+    /// `history.replaceState`: counts only when the path changed (filters and tabs that
+    /// rewrite the query are not new pages).
+    Replace,
+    /// `popstate` (back/forward): counts when the path or query changed.
+    Pop,
+}
+
+/// Where the visitor id and queue live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Store {
+    Area(Area),
+    Memory,
+}
+
+/// The running client of one page.
+pub struct Client<H> {
+    host: H,
+    opts: Options,
+    store: Store,
+    /// The anonymous visitor id, `None` with storage off.
+    visitor: Option<String>,
+    /// The queue's text when `store` is memory.
+    memory: String,
+    /// Sends awaiting their answer in this page: (token, event id).
+    flights: Vec<(u32, String)>,
+    next_token: u32,
+    /// The page view whose answer fills the in-page counters.
+    counts_for: Option<String>,
+    /// URL of the last counted page view: SPA change detection and SPA referrer.
+    page: String,
+    /// When the earliest pending [`Host::schedule`] fires (0: none pending).
+    timer_at: u64,
+}
+
+impl<H: Host> Client<H> {
+    /// Starts the client: picks storage, restores or creates the visitor id, counts the page
+    /// view (unless manual) and sends whatever earlier pages left in the queue.
+    pub fn start(host: H, opts: Options) -> Self {
+        let mut client = Client {
+            host,
+            opts,
+            store: Store::Memory,
+            visitor: None,
+            memory: String::new(),
+            flights: Vec::new(),
+            next_token: 1,
+            counts_for: None,
+            page: String::new(),
+            timer_at: 0,
+        };
+        if client.opts.storage {
+            client.store = client.pick_store();
+            client.visitor = Some(client.visitor_id());
+        }
+        let auto = client.opts.auto;
+        client.host.listen(auto && client.opts.spa);
+        if auto {
+            client.page_view(None);
+        }
+        client.pump();
+        client
+    }
+
+    /// The host, for inspection.
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    /// The host, for changing the fake world in tests.
+    pub fn host_mut(&mut self) -> &mut H {
+        &mut self.host
+    }
+
+    /// Runs a `tally(kind, name, {dedupe})` command: `"pageview"`, or `"event"` with a name.
+    pub fn command(&mut self, kind: &str, name: Option<String>, dedupe: Option<String>) {
+        match kind {
+            "pageview" => self.page_view(None),
+            "event" => {
+                if let Some(name) = name.filter(|n| !n.is_empty()) {
+                    let url = self.host.href();
+                    self.record(TYPE_EVENT, url, String::new(), Some(name), dedupe, false);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A history change: counts a page view when the URL changed as [`Navigation`] says.
+    pub fn navigate(&mut self, how: Navigation) {
+        let url = self.host.href();
+        let changed = match how {
+            Navigation::Replace => path(&url) != path(&self.page),
+            Navigation::Push | Navigation::Pop => {
+                without_fragment(&url) != without_fragment(&self.page)
+            }
+        };
+        if changed {
+            let previous = std::mem::take(&mut self.page);
+            self.page_view(Some(previous));
+        }
+    }
+
+    /// The answer to send number `token`: `status` 0 for a network error, 1 for a beacon
+    /// hand-off, else the HTTP status, with the `Retry-After` value and body when present.
+    pub fn answer(
+        &mut self,
+        token: u32,
+        status: u16,
+        retry_after: Option<&str>,
+        body: Option<&str>,
+    ) {
+        let Some(pos) = self.flights.iter().position(|f| f.0 == token) else {
+            return;
+        };
+        let (_, id) = self.flights.swap_remove(pos);
+        let now = self.host.now_ms();
+        let mut q = self.load_queue();
+        let retry = matches!(status, 0 | 1 | 408 | 425 | 429 | 500..=599);
+        if retry {
+            let jitter = self.random_u32();
+            if let Some(e) = q.iter_mut().find(|e| e.id == id) {
+                e.attempts = e.attempts.saturating_add(1);
+                e.due = now + retry::next_delay_ms(e.attempts, jitter, retry_after, now);
+            }
+        } else {
+            queue::remove(&mut q, &id);
+            if (200..300).contains(&status) && self.counts_for.as_deref() == Some(id.as_str()) {
+                self.counts_for = None;
+                if let Some(body) = body {
+                    self.host.fill(body, self.opts.busuanzi);
+                }
+            }
+        }
+        self.save_queue(&q);
+        self.pump();
+    }
+
+    /// A timer set through [`Host::schedule`] fired: sends what is due.
+    pub fn tick(&mut self) {
+        self.timer_at = 0;
+        self.pump();
+    }
+
+    /// The page is being hidden or closed: hands every due, unsent hit to `sendBeacon`, the
+    /// one way a request survives the page. The hits stay queued (a beacon has no answer)
+    /// with a backoff, so a later page confirms them; the collector dedupes the repeat.
+    pub fn hide(&mut self) {
+        let now = self.host.now_ms();
+        let mut q = self.load_queue();
+        let url = self.endpoint(now, false);
+        let mut changed = false;
+        for e in &mut q {
+            if e.due <= now && !self.in_flight(&e.id) && self.host.beacon(&url, &e.body) {
+                let jitter = self.random_u32();
+                e.attempts = e.attempts.saturating_add(1);
+                e.due = now + retry::backoff_ms(e.attempts, jitter);
+                changed = true;
+            }
+        }
+        if changed {
+            self.save_queue(&q);
+        }
+    }
+
+    fn pick_store(&mut self) -> Store {
+        for area in [Area::Local, Area::Session] {
+            if self.host.save(area, PROBE_KEY, "1")
+                && self.host.load(area, PROBE_KEY).as_deref() == Some("1")
+            {
+                self.host.save(area, PROBE_KEY, "");
+                return Store::Area(area);
+            }
+        }
+        Store::Memory
+    }
+
+    fn visitor_id(&mut self) -> String {
+        if let Store::Area(area) = self.store
+            && let Some(id) = self
+                .host
+                .load(area, VISITOR_KEY)
+                .filter(|id| ids::is_uuid(id))
+        {
+            return id;
+        }
+        let mut random = [0u8; 16];
+        self.host.random(&mut random);
+        let id = ids::visitor_id(random);
+        if let Store::Area(area) = self.store {
+            self.host.save(area, VISITOR_KEY, &id);
+        }
+        id
+    }
+
+    fn random_u32(&self) -> u32 {
+        let mut b = [0u8; 4];
+        self.host.random(&mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn page_view(&mut self, referrer: Option<String>) {
+        let url = self.host.href();
+        let referrer = referrer.unwrap_or_else(|| self.host.referrer());
+        self.page = url.clone();
+        let counts = self.host.wants_counts(self.opts.busuanzi);
+        self.record(TYPE_PAGEVIEW, url, referrer, None, None, counts);
+    }
+
+    fn record(
+        &mut self,
+        kind: &str,
+        url: String,
+        referrer: String,
+        name: Option<String>,
+        dedupe: Option<String>,
+        counts: bool,
+    ) {
+        let now = self.host.now_ms();
+        let mut random = [0u8; 10];
+        self.host.random(&mut random);
+        let id = ids::event_id(now, random);
+        let hit = Hit {
+            site: self.opts.site.clone(),
+            kind: kind.to_owned(),
+            event_id: id.clone(),
+            visitor_id: self.visitor.clone(),
+            url: clip(url),
+            referrer: Some(clip(referrer)).filter(|r| !r.is_empty()),
+            name,
+            dedupe,
+        };
+        let Ok(body) = json::to_string(&hit) else {
+            return;
+        };
+        if body.len() > MAX_HIT_BYTES {
+            return; // the collector would refuse it (413); retrying cannot help
+        }
+        if counts {
+            self.counts_for = Some(id.clone());
+        }
+        let mut q = self.load_queue();
+        let entry = Entry {
+            due: now + LEASE_MS,
+            attempts: 0,
+            born: now,
+            id: id.clone(),
+            body,
+        };
+        let body = entry.body.clone();
+        queue::push(&mut q, entry, now);
+        self.save_queue(&q);
+        self.dispatch(id, &body, counts, now);
+    }
+
+    /// Sends every due entry not already awaiting an answer, then sets the next timer.
+    fn pump(&mut self) {
+        let now = self.host.now_ms();
+        let mut q = self.load_queue();
+        queue::prune(&mut q, now);
+        let mut due = Vec::new();
+        for e in &mut q {
+            if e.due <= now && !self.flights.iter().any(|f| f.1 == e.id) {
+                e.due = now + LEASE_MS;
+                due.push((e.id.clone(), e.body.clone()));
+            }
+        }
+        self.save_queue(&q);
+        for (id, body) in due {
+            let counts = self.counts_for.as_deref() == Some(id.as_str());
+            self.dispatch(id, &body, counts, now);
+        }
+        if let Some(at) = queue::next_due(&q, |id| self.in_flight(id))
+            && (self.timer_at == 0 || at < self.timer_at)
+        {
+            self.timer_at = at;
+            let delay = at.saturating_sub(now).min(i32::MAX as u64) as u32;
+            self.host.schedule(delay);
+        }
+    }
+
+    fn dispatch(&mut self, id: String, body: &str, counts: bool, now: u64) {
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1);
+        self.flights.push((token, id));
+        let url = self.endpoint(now, counts);
+        self.host.send(&url, body, token);
+    }
+
+    fn in_flight(&self, id: &str) -> bool {
+        self.flights.iter().any(|f| f.1 == id)
+    }
+
+    /// `{api}/api/v1/hit?t=<ms>[&counts=1]`; `t` defeats caches and proxies.
+    fn endpoint(&self, now: u64, counts: bool) -> String {
+        let mut url = self.opts.api.clone();
+        url.push_str("/api/v1/hit?t=");
+        push_u64(&mut url, now);
+        if counts {
+            url.push_str("&counts=1");
+        }
+        url
+    }
+
+    fn load_queue(&self) -> Vec<Entry> {
+        match self.store {
+            Store::Area(area) => {
+                queue::decode(&self.host.load(area, QUEUE_KEY).unwrap_or_default())
+            }
+            Store::Memory => queue::decode(&self.memory),
+        }
+    }
+
+    fn save_queue(&mut self, q: &[Entry]) {
+        let text = queue::encode(q);
+        match self.store {
+            Store::Area(area) => {
+                self.host.save(area, QUEUE_KEY, &text);
+            }
+            Store::Memory => self.memory = text,
+        }
+    }
+}
+
+/// Cuts the query and fragment off an over-long URL (the page key is the path anyway).
+fn clip(url: String) -> String {
+    if url.len() <= MAX_URL_CHARS {
+        return url;
+    }
+    before(&url, |b| b == b'?' || b == b'#').to_owned()
+}
+
+/// The URL without its fragment.
+fn without_fragment(url: &str) -> &str {
+    before(url, |b| b == b'#')
+}
+
+/// The URL's path: after the authority, before the query or fragment.
+fn path(url: &str) -> &str {
+    let bytes = url.as_bytes();
+    // Skip "scheme://", then the authority up to the first '/', '?' or '#'.
+    let scheme_end = bytes
+        .windows(3)
+        .position(|w| w == b"://")
+        .map_or(0, |i| i + 3);
+    let rest = &url[scheme_end..];
+    let start = rest
+        .bytes()
+        .position(|b| b == b'/' || b == b'?' || b == b'#');
+    match start {
+        Some(i) if rest.as_bytes()[i] == b'/' => before(&rest[i..], |b| b == b'?' || b == b'#'),
+        _ => "",
+    }
+}
+
+/// `s` up to (not including) the first byte that `stop` matches. Cuts only at ASCII bytes,
+/// so always at a char boundary.
+fn before(s: &str, stop: impl Fn(u8) -> bool) -> &str {
+    match s.bytes().position(stop) {
+        Some(i) => &s[..i],
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests;

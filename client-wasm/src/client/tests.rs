@@ -1,0 +1,547 @@
+//! The client's behaviour against a fake browser: storage fallbacks, the queue, retries,
+//! SPA navigation and counters.
+
+use super::*;
+use std::cell::Cell;
+use std::collections::HashMap;
+
+const T0: u64 = 1_750_000_000_000;
+const API: &str = "https://c.example";
+
+/// A scripted browser: storage areas that can be made to throw, a clock, recorded requests.
+#[derive(Default)]
+struct Fake {
+    now: u64,
+    seed: Cell<u8>,
+    areas: [HashMap<String, String>; 2],
+    broken: [bool; 2],
+    sends: Vec<(String, String, u32)>,
+    beacons: Vec<(String, String)>,
+    timers: Vec<u32>,
+    href: String,
+    referrer: String,
+    counters: bool,
+    fills: Vec<(String, bool)>,
+    listening: Option<bool>,
+}
+
+impl Host for Fake {
+    fn now_ms(&self) -> u64 {
+        self.now
+    }
+    fn random(&self, buf: &mut [u8]) {
+        for b in buf {
+            let s = self.seed.get().wrapping_add(37);
+            self.seed.set(s);
+            *b = s;
+        }
+    }
+    fn load(&self, area: Area, key: &str) -> Option<String> {
+        let a = area as usize;
+        if self.broken[a] {
+            None
+        } else {
+            self.areas[a].get(key).cloned()
+        }
+    }
+    fn save(&mut self, area: Area, key: &str, value: &str) -> bool {
+        let a = area as usize;
+        if self.broken[a] {
+            return false;
+        }
+        if value.is_empty() {
+            self.areas[a].remove(key);
+        } else {
+            self.areas[a].insert(key.to_owned(), value.to_owned());
+        }
+        true
+    }
+    fn send(&mut self, url: &str, body: &str, token: u32) {
+        self.sends.push((url.to_owned(), body.to_owned(), token));
+    }
+    fn beacon(&mut self, url: &str, body: &str) -> bool {
+        self.beacons.push((url.to_owned(), body.to_owned()));
+        true
+    }
+    fn schedule(&mut self, delay_ms: u32) {
+        self.timers.push(delay_ms);
+    }
+    fn href(&self) -> String {
+        self.href.clone()
+    }
+    fn referrer(&self) -> String {
+        self.referrer.clone()
+    }
+    fn wants_counts(&self, _busuanzi: bool) -> bool {
+        self.counters
+    }
+    fn fill(&mut self, answer: &str, busuanzi: bool) {
+        self.fills.push((answer.to_owned(), busuanzi));
+    }
+    fn listen(&mut self, spa: bool) {
+        self.listening = Some(spa);
+    }
+}
+
+/// A client driven through a fake host.
+struct World {
+    client: Client<Fake>,
+}
+
+fn fake(href: &str) -> Fake {
+    Fake {
+        now: T0,
+        href: href.into(),
+        referrer: "https://ref.example/".into(),
+        ..Fake::default()
+    }
+}
+
+fn options(flags: u32) -> Options {
+    Options::new("blog".into(), API.into(), flags)
+}
+
+impl World {
+    fn start(fake: Fake, flags: u32) -> World {
+        World {
+            client: Client::start(fake, options(flags)),
+        }
+    }
+
+    fn host(&mut self) -> &mut Fake {
+        self.client.host_mut()
+    }
+
+    fn sends(&mut self) -> Vec<(String, String, u32)> {
+        std::mem::take(&mut self.host().sends)
+    }
+
+    fn answer(&mut self, token: u32, status: u16, retry_after: Option<&str>, body: Option<&str>) {
+        self.client.answer(token, status, retry_after, body);
+    }
+
+    fn queue(&mut self) -> Vec<Entry> {
+        let fake = self.client.host();
+        let text = fake.areas[0]
+            .get(QUEUE_KEY)
+            .or_else(|| fake.areas[1].get(QUEUE_KEY));
+        queue::decode(text.map_or("", |s| s.as_str()))
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.host().now += ms;
+        self.client.tick();
+    }
+
+    /// Restarts on the same storage: the next page load.
+    fn reload(self, href: &str) -> World {
+        let old = self.client.host;
+        let mut next = fake(href);
+        next.now = old.now;
+        next.areas = old.areas;
+        next.broken = old.broken;
+        next.seed = old.seed;
+        World::start(next, 0)
+    }
+}
+
+fn field<'a>(body: &'a str, name: &str) -> Option<&'a str> {
+    let key = format!("\"{name}\":");
+    let rest = &body[body.find(&key)? + key.len()..];
+    if let Some(s) = rest.strip_prefix('"') {
+        s.split('"').next()
+    } else {
+        rest.split([',', '}']).next()
+    }
+}
+
+#[test]
+fn first_page_view_is_queued_then_sent_with_ids_and_cache_buster() {
+    let mut w = World::start(fake("https://blog.example/a?x=1"), 0);
+    let sends = w.sends();
+    assert_eq!(sends.len(), 1);
+    let (url, body, _) = &sends[0];
+    assert_eq!(url, &format!("{API}/api/v1/hit?t={T0}"));
+    let hit: Hit = serde_json::from_str(body).expect("the body is a wire hit");
+    assert_eq!(hit.site, "blog");
+    assert_eq!(hit.kind, TYPE_PAGEVIEW);
+    assert_eq!(hit.url, "https://blog.example/a?x=1");
+    assert_eq!(hit.referrer.as_deref(), Some("https://ref.example/"));
+    let event = uuid::Uuid::try_parse(&hit.event_id).expect("uuid");
+    assert_eq!(event.get_version_num(), 7);
+    let visitor = hit.visitor_id.expect("visitor id");
+    assert_eq!(
+        uuid::Uuid::try_parse(&visitor)
+            .expect("uuid")
+            .get_version_num(),
+        4
+    );
+    assert_eq!(w.client.host().areas[0].get(VISITOR_KEY), Some(&visitor));
+    assert!(
+        !w.client.host().areas[0].contains_key(PROBE_KEY),
+        "the probe is cleaned up"
+    );
+    let q = w.queue();
+    assert_eq!(q.len(), 1, "written ahead of the send");
+    assert_eq!(q[0].id, hit.event_id);
+    assert_eq!(w.client.host().listening, Some(true));
+}
+
+#[test]
+fn a_success_empties_the_queue_and_nothing_is_resent() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    let token = w.sends()[0].2;
+    w.answer(token, 200, None, Some(r#"{"status":"accepted"}"#));
+    assert!(w.queue().is_empty());
+    w.advance(60 * 60 * 1000);
+    assert!(w.sends().is_empty());
+}
+
+#[test]
+fn visitor_id_is_reused_on_the_next_page_and_replaced_when_corrupt() {
+    let w = World::start(fake("https://blog.example/"), 0);
+    let first = w.client.host().areas[0].get(VISITOR_KEY).cloned();
+    let mut w = w.reload("https://blog.example/b");
+    assert_eq!(w.client.host().areas[0].get(VISITOR_KEY).cloned(), first);
+    w.host().areas[0].insert(VISITOR_KEY.into(), "not-a-uuid".into());
+    let w = w.reload("https://blog.example/c");
+    let third = w.client.host().areas[0]
+        .get(VISITOR_KEY)
+        .cloned()
+        .expect("id");
+    assert!(ids::is_uuid(&third));
+    assert_ne!(Some(third), first);
+}
+
+#[test]
+fn throwing_local_storage_falls_back_to_session_storage() {
+    let mut f = fake("https://blog.example/");
+    f.broken[0] = true;
+    let mut w = World::start(f, 0);
+    assert!(w.client.host().areas[1].contains_key(VISITOR_KEY));
+    assert_eq!(w.sends().len(), 1);
+    assert_eq!(w.queue().len(), 1);
+}
+
+#[test]
+fn throwing_storage_everywhere_falls_back_to_memory_and_still_counts() {
+    let mut f = fake("https://blog.example/");
+    f.broken = [true, true];
+    let mut w = World::start(f, 0);
+    let sends = w.sends();
+    assert_eq!(sends.len(), 1);
+    let hit: Hit = serde_json::from_str(&sends[0].1).expect("hit");
+    assert!(
+        hit.visitor_id.is_some(),
+        "an in-memory id still counts the visitor for this page"
+    );
+    // Retries still work from memory.
+    w.answer(sends[0].2, 0, None, None);
+    w.advance(retry::CAP_MS);
+    let again = w.sends();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].1, sends[0].1);
+}
+
+#[test]
+fn storage_none_writes_nothing_and_sends_a_null_visitor() {
+    let mut w = World::start(fake("https://blog.example/"), Options::NO_STORAGE);
+    let sends = w.sends();
+    assert_eq!(field(&sends[0].1, "visitor_id"), Some("null"));
+    assert!(w.client.host().areas.iter().all(HashMap::is_empty));
+    // The queue still retries within the page.
+    w.answer(sends[0].2, 503, Some("1"), None);
+    assert!(w.client.host().areas.iter().all(HashMap::is_empty));
+    w.advance(retry::CAP_MS);
+    assert_eq!(w.sends()[0].1, sends[0].1);
+}
+
+#[test]
+fn network_error_is_retried_with_backoff_keeping_the_event_id() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    let first = w.sends().remove(0);
+    w.answer(first.2, STATUS_NETWORK_ERROR, None, None);
+    let q = w.queue();
+    assert_eq!(q[0].attempts, 1);
+    let wait = q[0].due - T0;
+    assert!(
+        (retry::BASE_MS / 2..=retry::BASE_MS).contains(&wait),
+        "{wait}"
+    );
+    assert_eq!(w.client.host().timers.last(), Some(&(wait as u32)));
+    w.advance(wait - 1);
+    assert!(w.sends().is_empty(), "not before the backoff");
+    w.advance(1);
+    let second = w.sends();
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].1, first.1, "byte-identical body, same event id");
+    assert_ne!(second[0].0, first.0, "a fresh cache buster");
+    w.answer(second[0].2, 200, None, Some(r#"{"status":"duplicate"}"#));
+    assert!(w.queue().is_empty());
+}
+
+#[test]
+fn retry_after_seconds_is_honoured() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    let first = w.sends().remove(0);
+    w.answer(
+        first.2,
+        429,
+        Some("30"),
+        Some(r#"{"error":"rate_limited","message":"x"}"#),
+    );
+    assert_eq!(w.queue()[0].due, T0 + 30_000);
+    w.advance(29_999);
+    assert!(w.sends().is_empty());
+    w.advance(1);
+    assert_eq!(w.sends()[0].1, first.1);
+}
+
+#[test]
+fn retry_after_http_date_is_honoured() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    let first = w.sends().remove(0);
+    // T0 = 2025-06-15T15:06:40Z; ask for 15:07:00.
+    w.answer(first.2, 503, Some("Sun, 15 Jun 2025 15:07:00 GMT"), None);
+    assert_eq!(w.queue()[0].due, T0 + 20_000);
+}
+
+#[test]
+fn permanent_refusals_are_dropped_not_retried() {
+    for status in [400u16, 403, 413, 422] {
+        let mut w = World::start(fake("https://blog.example/"), 0);
+        let first = w.sends().remove(0);
+        w.answer(
+            first.2,
+            status,
+            None,
+            Some(r#"{"error":"bad","message":"x"}"#),
+        );
+        assert!(w.queue().is_empty(), "{status}");
+    }
+}
+
+#[test]
+fn the_next_page_load_resends_what_the_last_one_left() {
+    let mut w = World::start(fake("https://blog.example/a"), 0);
+    let first = w.sends().remove(0);
+    w.answer(first.2, 0, None, None);
+    w.host().now += retry::CAP_MS;
+    let mut w = w.reload("https://blog.example/b");
+    let sends = w.sends();
+    assert_eq!(sends.len(), 2, "the new page view and the old one");
+    assert!(sends.iter().any(|s| s.1 == first.1));
+    for (_, _, token) in sends {
+        w.answer(token, 200, None, Some(r#"{"status":"accepted"}"#));
+    }
+    assert!(w.queue().is_empty());
+}
+
+#[test]
+fn a_page_closed_mid_flight_leaves_a_leased_entry_resent_later() {
+    let w = World::start(fake("https://blog.example/a"), 0);
+    let mut w = w.reload("https://blog.example/b");
+    let sends = w.sends();
+    assert_eq!(sends.len(), 1, "the first page's hit is still leased");
+    assert_eq!(w.queue().len(), 2);
+    w.advance(LEASE_MS);
+    assert_eq!(w.sends().len(), 1, "the lease expired: resent");
+}
+
+#[test]
+fn counters_are_filled_from_the_page_views_own_answer() {
+    let mut f = fake("https://blog.example/");
+    f.counters = true;
+    let mut w = World::start(f, Options::BUSUANZI);
+    let (url, _, token) = w.sends().remove(0);
+    assert!(url.ends_with("&counts=1"));
+    let body = r#"{"status":"accepted","counts":{"site":{"views":10,"visitors":4,"today":{"views":1,"visitors":1}},"page":{"views":3,"visitors":2,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#;
+    w.answer(token, 200, None, Some(body));
+    assert_eq!(w.client.host().fills, vec![(body.to_owned(), true)]);
+    // Built from the wire type: the answer the collector sends parses as a HitResponse.
+    let parsed: tally_wire::HitResponse = serde_json::from_str(body).expect("wire answer");
+    assert_eq!(parsed.counts.map(|c| c.page.views), Some(3));
+}
+
+#[test]
+fn counters_survive_a_failed_first_try() {
+    let mut f = fake("https://blog.example/");
+    f.counters = true;
+    let mut w = World::start(f, 0);
+    let first = w.sends().remove(0);
+    w.answer(first.2, 0, None, None);
+    w.advance(retry::BASE_MS);
+    let (url, _, token) = w.sends().remove(0);
+    assert!(url.ends_with("&counts=1"));
+    w.answer(token, 200, None, Some(r#"{"status":"duplicate","counts":{"site":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"page":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#));
+    assert_eq!(w.client.host().fills.len(), 1);
+    assert!(!w.client.host().fills[0].1, "busuanzi off");
+}
+
+#[test]
+fn only_the_page_views_own_success_fills_counters() {
+    let mut f = fake("https://blog.example/");
+    f.counters = true;
+    let mut w = World::start(f, 0);
+    let first = w.sends().remove(0);
+    w.answer(first.2, 429, Some("1"), Some("{}"));
+    w.client.command("event", Some("x".into()), None);
+    let event = w.sends().remove(0);
+    assert!(!event.0.contains("counts"));
+    w.answer(event.2, 200, None, Some("{}"));
+    assert!(w.client.host().fills.is_empty());
+}
+
+#[test]
+fn no_counters_no_counts_request() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    assert!(!w.sends()[0].0.contains("counts"));
+}
+
+#[test]
+fn spa_navigation_rules() {
+    let mut w = World::start(fake("https://blog.example/a"), 0);
+    w.sends();
+    let nav = |w: &mut World, href: &str, how: Navigation| {
+        w.host().href = href.into();
+        w.client.navigate(how);
+        w.sends()
+    };
+    let s = nav(&mut w, "https://blog.example/b", Navigation::Push);
+    assert_eq!(s.len(), 1);
+    assert_eq!(field(&s[0].1, "referrer"), Some("https://blog.example/a"));
+    assert!(
+        nav(&mut w, "https://blog.example/b", Navigation::Push).is_empty(),
+        "same URL"
+    );
+    assert!(
+        nav(&mut w, "https://blog.example/b#top", Navigation::Push).is_empty(),
+        "fragment only"
+    );
+    assert_eq!(
+        nav(&mut w, "https://blog.example/b?page=2", Navigation::Push).len(),
+        1,
+        "query"
+    );
+    assert!(
+        nav(&mut w, "https://blog.example/b?page=3", Navigation::Replace).is_empty(),
+        "replace, query only"
+    );
+    assert_eq!(
+        nav(&mut w, "https://blog.example/c", Navigation::Replace).len(),
+        1,
+        "replace, new path"
+    );
+    assert_eq!(
+        nav(&mut w, "https://blog.example/b?page=2", Navigation::Pop).len(),
+        1,
+        "back"
+    );
+}
+
+#[test]
+fn manual_mode_counts_only_when_asked() {
+    let mut w = World::start(fake("https://blog.example/"), Options::MANUAL);
+    assert!(w.sends().is_empty());
+    assert_eq!(w.client.host().listening, Some(false), "no history hooks");
+    w.client.command("pageview", None, None);
+    assert_eq!(w.sends().len(), 1);
+}
+
+#[test]
+fn custom_events_carry_name_and_dedupe_and_fresh_ids() {
+    let mut w = World::start(fake("https://blog.example/shop"), 0);
+    w.sends();
+    w.client
+        .command("event", Some("signup".into()), Some("user_42".into()));
+    w.client
+        .command("event", Some("signup".into()), Some("user_42".into()));
+    w.client.command("event", Some(String::new()), None);
+    w.client.command("bogus", Some("x".into()), None);
+    let s = w.sends();
+    assert_eq!(s.len(), 2);
+    for (_, body, _) in &s {
+        assert_eq!(field(body, "type"), Some("event"));
+        assert_eq!(field(body, "name"), Some("signup"));
+        assert_eq!(field(body, "dedupe"), Some("user_42"));
+        assert_eq!(field(body, "referrer"), Some("null"));
+    }
+    assert_ne!(field(&s[0].1, "event_id"), field(&s[1].1, "event_id"));
+}
+
+#[test]
+fn hide_beacons_only_due_idle_entries() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    let first = w.sends().remove(0);
+    w.client.hide();
+    assert!(
+        w.client.host().beacons.is_empty(),
+        "in flight: its keepalive fetch survives"
+    );
+    w.answer(first.2, 0, None, None);
+    w.client.hide();
+    assert!(
+        w.client.host().beacons.is_empty(),
+        "waiting out its backoff"
+    );
+    w.host().now += retry::BASE_MS;
+    w.client.hide();
+    let beacons = &w.client.host().beacons;
+    assert_eq!(beacons.len(), 1);
+    assert_eq!(beacons[0].1, first.1);
+    assert!(!beacons[0].0.contains("counts"));
+    let q = w.queue();
+    assert_eq!(q.len(), 1, "kept: a beacon has no answer");
+    assert_eq!(q[0].attempts, 2);
+}
+
+#[test]
+fn beacon_handoff_is_an_unconfirmed_try() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    let first = w.sends().remove(0);
+    w.answer(first.2, STATUS_BEACON, None, None);
+    assert_eq!(w.queue()[0].attempts, 1);
+}
+
+#[test]
+fn queue_stays_bounded_while_the_collector_is_down() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    for i in 0..40 {
+        w.client.command("event", Some(format!("e{i}")), None);
+        w.host().now += 1;
+    }
+    for (_, _, token) in w.sends() {
+        w.answer(token, 0, None, None);
+    }
+    assert_eq!(w.queue().len(), queue::MAX_ENTRIES);
+}
+
+#[test]
+fn unknown_and_repeated_answers_are_ignored() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    let first = w.sends().remove(0);
+    w.answer(first.2 + 100, 200, None, None);
+    assert_eq!(w.queue().len(), 1);
+    w.answer(first.2, 200, None, Some("not json"));
+    w.answer(first.2, 0, None, None);
+    assert!(w.queue().is_empty());
+}
+
+#[test]
+fn over_long_urls_lose_their_query() {
+    let long = format!("https://blog.example/p?{}", "q".repeat(5000));
+    let mut w = World::start(fake(&long), 0);
+    let s = w.sends();
+    assert_eq!(field(&s[0].1, "url"), Some("https://blog.example/p"));
+}
+
+#[test]
+fn paths_are_extracted() {
+    assert_eq!(path("https://a.example/x/y?q#f"), "/x/y");
+    assert_eq!(path("https://a.example"), "");
+    assert_eq!(path("https://a.example?q"), "");
+    assert_eq!(
+        without_fragment("https://a.example/x?q#f"),
+        "https://a.example/x?q"
+    );
+}
