@@ -1,0 +1,195 @@
+// When things go wrong: the collector down or throttling, WebAssembly forbidden by CSP, a slow
+// module download. The page must never notice; the view must arrive exactly once.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  startTally, startSite, startProxy, launchBrowser, newProfile, pageHtml, counts, countsWhere,
+  waitFor, tempDir, cleanup,
+} from './support.mjs';
+
+let dir, site, browser;
+
+before(async () => {
+  dir = tempDir();
+  site = await startSite();
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  await site?.close();
+  cleanup(dir);
+});
+
+/// The snippet loaded from the site's own server (`/static/`, the "own CDN" setup), so it
+/// loads even while the collector is down.
+const ownCdn = (attrs, extra = {}) => pageHtml({ src: `${site.origin}/static/tally.js`, attrs, ...extra });
+const queueText = (page) => page.evaluate(() => localStorage.getItem('tally:q'));
+const eventId = (hit) => JSON.parse(hit.body).event_id;
+
+test('collector down while the page loads: the queued view arrives exactly once when it is back', async () => {
+  const db = `${dir}/down.sqlite`;
+  let tally = await startTally({ db });
+  const { port, url: api } = tally;
+  await tally.stop();
+
+  site.pages['/down/a'] = ownCdn({ site: 'down', api }, { body: '<script>window.hostRan = true</script>' });
+  const { context, log } = await newProfile(browser);
+  const page = await context.newPage();
+  const failed = page.waitForEvent('requestfailed', (r) => r.url().includes('/api/v1/hit'));
+  await page.goto(`${site.origin}/down/a`);
+  await failed;
+  assert.equal(await page.evaluate(() => window.hostRan && document.readyState), 'complete');
+  const queued = await waitFor(async () => {
+    const q = await queueText(page); // "due attempts born event_id body"
+    return q && q.split(' ')[1] === '1' && q;
+  }, { what: 'the failed view queued with one attempt' });
+  assert.ok(queued.includes(eventId(log.hits[0])));
+
+  tally = await startTally({ db, port });
+  try {
+    // Delivered by the page's own backoff timer, with the same event id.
+    await countsWhere(api, 'down', '/down/a', (c) => c.site.views === 1);
+    await waitFor(async () => !(await queueText(page)), { what: 'the queue emptied' });
+    assert.ok(log.hits.length >= 2);
+    assert.ok(log.hits.every((h) => eventId(h) === eventId(log.hits[0])), 'every retry reused the event id');
+
+    // A later page load neither resends it nor counts it again.
+    await page.reload();
+    const c = await countsWhere(api, 'down', '/down/a', (c) => c.site.views === 2);
+    assert.equal(c.site.visitors, 1);
+    await waitFor(async () => !(await queueText(page)), { what: 'the queue emptied again' });
+    assert.equal((await counts(api, 'down', '/down/a')).site.views, 2, 'the first view counted exactly once');
+    assert.deepEqual(log.errors, []);
+  } finally {
+    await context.close();
+    await tally.stop();
+  }
+});
+
+test('the next page load delivers what an earlier page left queued', async () => {
+  const db = `${dir}/nextload.sqlite`;
+  let tally = await startTally({ db });
+  const { port, url: api } = tally;
+  await tally.stop();
+  site.pages['/nextload/a'] = ownCdn({ site: 'nextload', api });
+  site.pages['/nextload/b'] = ownCdn({ site: 'nextload', api });
+  const { context, log } = await newProfile(browser);
+  const page = await context.newPage();
+  const failed = page.waitForEvent('requestfailed', (r) => r.url().includes('/api/v1/hit'));
+  await page.goto(`${site.origin}/nextload/a`);
+  await failed;
+  const first = eventId(log.hits[0]);
+  await page.goto('about:blank'); // the page (and its timers) are gone; the queue stays
+
+  tally = await startTally({ db, port });
+  try {
+    await page.goto(`${site.origin}/nextload/b`);
+    await countsWhere(api, 'nextload', '/nextload/a', (c) => c.page.views === 1 && c.site.views === 2);
+    assert.ok(log.hits.slice(1).some((h) => eventId(h) === first), 'resent with its original event id');
+    await waitFor(async () => !(await queueText(page)), { what: 'the queue emptied' });
+  } finally {
+    await context.close();
+    await tally.stop();
+  }
+});
+
+for (const form of ['seconds', 'HTTP-date']) {
+  test(`collector answers 429 with Retry-After (${form}): the client waits, then delivers once`, async () => {
+    const tally = await startTally({ db: `${dir}/throttle-${form}.sqlite` });
+    const wait = 2;
+    const proxy = await startProxy(tally.url, (req, body, n) => n === 1 && {
+      status: 429,
+      headers: { 'retry-after': form === 'seconds' ? String(wait) : new Date(Date.now() + (wait + 1) * 1000).toUTCString() },
+      body: '{"error":"rate_limited","message":"slow down"}',
+    });
+    const siteId = `throttle-${form === 'seconds' ? 's' : 'd'}`;
+    site.pages[`/${siteId}/a`] = ownCdn({ site: siteId, api: proxy.url });
+    const { context } = await newProfile(browser);
+    try {
+      const page = await context.newPage();
+      await page.goto(`${site.origin}/${siteId}/a`);
+      await countsWhere(tally.url, siteId, `/${siteId}/a`, (c) => c.site.views === 1);
+      await waitFor(async () => !(await queueText(page)), { what: 'the queue emptied' });
+      assert.equal(proxy.hits.length, 2, 'one refused try, one delivery');
+      assert.equal(eventId(proxy.hits[1]), eventId(proxy.hits[0]), 'the retry kept its event id');
+      assert.notEqual(proxy.hits[1].url, proxy.hits[0].url, 'a fresh t= cache buster');
+      const waited = proxy.hits[1].at - proxy.hits[0].at;
+      // An HTTP-date has one-second resolution: now + 3 s truncated is at least 2 s away.
+      assert.ok(waited >= wait * 1000 - 50, `waited ${waited} ms, Retry-After asked ${wait} s`);
+      assert.equal((await counts(tally.url, siteId, `/${siteId}/a`)).site.views, 1);
+    } finally {
+      await context.close();
+      await proxy.close();
+      await tally.stop();
+    }
+  });
+}
+
+test("the host page's own script keeps running when the collector is unreachable", async () => {
+  // Port 9 (discard) on loopback: nothing listens, connections are refused.
+  site.pages['/unreachable/a'] = ownCdn({ site: 'unreachable', api: 'http://127.0.0.1:9' }, {
+    stub: true,
+    body: `<script>
+      tally('event', 'early');
+      window.steps = ['inline'];
+      addEventListener('load', () => {
+        window.steps.push('load');
+        tally('event', 'late', { dedupe: 'x' });
+        tally.track('later');
+        window.steps.push('after-calls');
+      });
+    </script>`,
+  });
+  const { context, log } = await newProfile(browser);
+  const page = await context.newPage();
+  await page.goto(`${site.origin}/unreachable/a`);
+  await waitFor(() => log.hits.length >= 4, { what: 'the view and three events attempted' });
+  assert.deepEqual(await page.evaluate(() => window.steps), ['inline', 'load', 'after-calls']);
+  assert.deepEqual(log.errors, [], 'nothing thrown into the page');
+  await context.close();
+});
+
+test("a CSP without 'wasm-unsafe-eval' gets one console message naming it, and no page error", async () => {
+  const tally = await startTally({ db: `${dir}/csp.sqlite` });
+  try {
+    site.pages['/csp/a'] = {
+      html: pageHtml({ src: `${tally.url}/tally.js`, attrs: { site: 'csp' }, body: '<script src="/csp/after.js"></script>' }),
+      headers: { 'content-security-policy': `script-src 'self' ${tally.url}; connect-src 'self' ${tally.url}` },
+    };
+    site.pages['/csp/after.js'] = { html: 'window.after = true', headers: { 'content-type': 'text/javascript' } };
+    const { context, log } = await newProfile(browser);
+    const page = await context.newPage();
+    await page.goto(`${site.origin}/csp/a`);
+    const message = await waitFor(() => log.console.find((m) => m.startsWith('tally:')), { what: 'the tally console message' });
+    assert.match(message, /'wasm-unsafe-eval'/);
+    assert.equal(log.console.filter((m) => m.startsWith('tally:')).length, 1);
+    assert.deepEqual(log.errors, []);
+    assert.equal(await page.evaluate(() => window.after), true);
+    assert.equal(log.hits.length, 0);
+    await context.close();
+  } finally {
+    await tally.stop();
+  }
+});
+
+test('the load event never waits for the snippet (module download held back)', async () => {
+  const tally = await startTally({ db: `${dir}/slow.sqlite` });
+  try {
+    const wasm = (await (await fetch(`${site.origin}/static/tally.js`)).text()).match(/tally-[0-9a-f]+\.wasm/)[0];
+    const release = site.hold(`/static/${wasm}`);
+    site.pages['/slow/a'] = ownCdn({ site: 'slow', api: tally.url });
+    const { context } = await newProfile(browser);
+    const page = await context.newPage();
+    const wasmRequested = page.waitForRequest((r) => r.url().endsWith(wasm));
+    await page.goto(`${site.origin}/slow/a`, { waitUntil: 'load' });
+    await wasmRequested;
+    assert.equal(await page.evaluate(() => document.readyState), 'complete', 'load fired while the module was still downloading');
+    assert.equal((await counts(tally.url, 'slow', '/slow/a')).site.views, 0);
+    release();
+    await countsWhere(tally.url, 'slow', '/slow/a', (c) => c.site.views === 1);
+    await context.close();
+  } finally {
+    await tally.stop();
+  }
+});
