@@ -6,6 +6,8 @@
 //! [`hit::HitError`] with a stable code. The HTTP edge and the stores depend on this module,
 //! never the other way round.
 
+pub mod badge;
+pub mod chart;
 pub mod clock;
 pub mod counts;
 pub mod day;
