@@ -54,6 +54,9 @@ pub struct ServeArgs {
     /// Length of the live window in seconds.
     #[arg(long, env = "TALLY_LIVE_WINDOW_SECS")]
     pub live_window_secs: Option<u32>,
+    /// Seconds within which repeated badge/pixel fetches from one source count once (0 = off).
+    #[arg(long, env = "TALLY_REPEAT_INTERVAL_SECS")]
+    pub repeat_interval_secs: Option<u32>,
 }
 
 /// The resolved configuration of a running collector.
@@ -69,6 +72,7 @@ pub struct ServeConfig {
     pub admin_token: Option<String>,
     pub trust_proxy: bool,
     pub live_window_secs: u32,
+    pub repeat_interval_secs: u32,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -87,6 +91,7 @@ impl std::fmt::Debug for ServeConfig {
             )
             .field("trust_proxy", &self.trust_proxy)
             .field("live_window_secs", &self.live_window_secs)
+            .field("repeat_interval_secs", &self.repeat_interval_secs)
             .finish()
     }
 }
@@ -186,6 +191,10 @@ impl ServeConfig {
             admin_token: args.admin_token.or(f.admin_token).filter(|t| !t.is_empty()),
             trust_proxy: args.trust_proxy.or(f.trust_proxy).unwrap_or(false),
             live_window_secs: args.live_window_secs.or(f.live_window_secs).unwrap_or(60),
+            repeat_interval_secs: args
+                .repeat_interval_secs
+                .or(f.repeat_interval_secs)
+                .unwrap_or(10),
         })
     }
 

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use tally::config::{FileConfig, ServeArgs, ServeConfig};
 use tally::core::clock::SystemClock;
 use tally::core::day::SiteZone;
-use tally::core::ids::SiteId;
+use tally::core::ids::{PagePath, SiteId};
 use tally::store::Site;
 
 #[derive(Parser)]
@@ -62,6 +62,18 @@ enum SiteCommand {
     List,
     /// Remove a site's configuration (its counts stay in the database).
     Remove { id: String },
+    /// Carry numbers over from a counter that shut down (busuanzi, hit counters): added to
+    /// every shown total, never mixed into the raw-event recount.
+    SetBase {
+        id: String,
+        /// A page path (`/posts/a`); without it the base is the whole site's.
+        #[arg(long)]
+        page: Option<String>,
+        #[arg(long)]
+        views: u64,
+        #[arg(long, default_value_t = 0)]
+        visitors: u64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -156,6 +168,27 @@ async fn site(cmd: SiteCommand, store: &dyn tally::store::Store) -> anyhow::Resu
                 anyhow::bail!("no site {id}");
             }
             println!("site {id} removed");
+        }
+        SiteCommand::SetBase {
+            id,
+            page,
+            views,
+            visitors,
+        } => {
+            let id = SiteId::parse(&id).map_err(|e| anyhow::anyhow!("{id:?}: {e}"))?;
+            anyhow::ensure!(store.get_site(&id).await?.is_some(), "no site {id}");
+            let page = page
+                .map(|p| {
+                    PagePath::parse(&p).map_err(|_| anyhow::anyhow!("page {p:?} must start with /"))
+                })
+                .transpose()?;
+            store
+                .set_base(&id, page.as_ref(), tally_wire::Numbers { views, visitors })
+                .await?;
+            let scope = page
+                .as_ref()
+                .map_or("the whole site".to_owned(), |p| p.as_str().to_owned());
+            println!("base of {id} ({scope}) set to {views} views, {visitors} visitors");
         }
     }
     Ok(())

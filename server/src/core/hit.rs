@@ -83,7 +83,8 @@ pub struct ValidHit {
     /// The client's visitor id, when it keeps one.
     pub visitor: Option<VisitorKey>,
     pub page: PagePath,
-    /// The referrer without query and fragment (privacy: no tracking parameters kept).
+    /// The referrer without query and fragment (privacy: no tracking parameters kept); `None`
+    /// for navigation inside the site (same host as the page).
     pub referrer: Option<String>,
 }
 
@@ -116,10 +117,10 @@ impl ValidHit {
             .as_deref()
             .map(VisitorKey::parse_uuid)
             .transpose()?;
-        let (page, _) = PagePath::from_url(&hit.url)?;
+        let (page, url) = PagePath::from_url(&hit.url)?;
         let referrer = match hit.referrer.as_deref() {
             None | Some("") => None,
-            Some(raw) => Some(clean_referrer(raw)?),
+            Some(raw) => clean_referrer(raw, url.host_str())?,
         };
         Ok(Self {
             site,
@@ -135,10 +136,13 @@ impl ValidHit {
 /// Longest referrer kept, in bytes.
 const MAX_REFERRER_BYTES: usize = 1024;
 
-fn clean_referrer(raw: &str) -> Result<String, IdError> {
+fn clean_referrer(raw: &str, page_host: Option<&str>) -> Result<Option<String>, IdError> {
     let mut url = url::Url::parse(raw).map_err(|_| IdError::Referrer)?;
     if url.cannot_be_a_base() {
         return Err(IdError::Referrer);
+    }
+    if url.host_str().is_some() && url.host_str() == page_host {
+        return Ok(None);
     }
     url.set_query(None);
     url.set_fragment(None);
@@ -152,7 +156,7 @@ fn clean_referrer(raw: &str) -> Result<String, IdError> {
         }
         text.truncate(cut);
     }
-    Ok(text)
+    Ok(Some(text))
 }
 
 #[cfg(test)]
@@ -203,6 +207,13 @@ mod tests {
         let valid = ValidHit::parse(&hit(&id), now, TimeWindow::default()).expect("valid");
         assert_eq!(valid.page.as_str(), "/a");
         assert_eq!(valid.referrer.as_deref(), Some("https://news.example/item"));
+        let mut internal = hit(&id);
+        internal.referrer = Some("https://blog.example/other".into());
+        let valid = ValidHit::parse(&internal, now, TimeWindow::default()).expect("valid");
+        assert_eq!(
+            valid.referrer, None,
+            "navigation inside the site is no referral"
+        );
     }
 
     #[test]

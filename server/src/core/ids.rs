@@ -146,18 +146,26 @@ impl PagePath {
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             return Err(IdError::Url);
         }
-        let path = Self::parse(url.path()).map_err(|_| IdError::Url)?;
-        Ok((path, url))
+        if url.path().len() > MAX_PAGE_BYTES {
+            return Err(IdError::Url);
+        }
+        Ok((Self(url.path().to_owned()), url))
     }
 
-    /// A path as given by a query parameter (`/posts/a`); must start with `/`.
+    /// A path as given by a query parameter (`/posts/a`); must start with `/`. It is
+    /// normalised exactly as a URL's path is (percent-encoding, `..` segments, query and
+    /// fragment dropped), so `?page=/a b` and a beacon from `https://site/a%20b` share a key.
     pub fn parse(raw: &str) -> Result<Self, IdError> {
-        if raw.starts_with('/') && raw.len() <= MAX_PAGE_BYTES && !raw.chars().any(char::is_control)
-        {
-            Ok(Self(raw.to_owned()))
-        } else {
-            Err(IdError::Url)
+        if !raw.starts_with('/') || raw.starts_with("//") || raw.chars().any(char::is_control) {
+            return Err(IdError::Url);
         }
+        let url =
+            url::Url::parse(&format!("http://page.invalid{raw}")).map_err(|_| IdError::Url)?;
+        let path = url.path();
+        if path.len() > MAX_PAGE_BYTES {
+            return Err(IdError::Url);
+        }
+        Ok(Self(path.to_owned()))
     }
 
     /// The site root, `/`.
@@ -248,6 +256,11 @@ mod tests {
         assert_eq!(page.as_str(), "/posts/a");
         assert_eq!(PagePath::from_url("ftp://b.example/"), Err(IdError::Url));
         assert_eq!(PagePath::from_url("/relative"), Err(IdError::Url));
+        let given = PagePath::parse("/a b/../c<d>?q=1").expect("path");
+        let (from_url, _) = PagePath::from_url("https://b.example/a%20b/../c%3Cd%3E").expect("url");
+        assert_eq!(given, from_url);
+        assert_eq!(given.as_str(), "/c%3Cd%3E");
+        assert!(PagePath::parse("//evil.example/x").is_err());
     }
 
     proptest! {

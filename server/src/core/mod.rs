@@ -14,4 +14,6 @@ pub mod day;
 pub mod hit;
 pub mod ids;
 pub mod live;
+pub mod range;
 pub mod record;
+pub mod suppress;

@@ -52,15 +52,22 @@ pub async fn counts_for(
         .store
         .counts(&site.id, page, site.zone.day_of(now))
         .await?;
-    let live = match state.live.lock() {
+    Ok(present(
+        &raw,
+        live_of(state, &site.id, now.as_millisecond()),
+    ))
+}
+
+/// The live numbers of a whole site at `now_ms`.
+pub fn live_of(state: &AppState, site: &SiteId, now_ms: i64) -> Live {
+    match state.live.lock() {
         Ok(mut live) => {
-            let n = live.read(&(site.id.clone(), None), now.as_millisecond());
+            let n = live.read(&(site.clone(), None), now_ms);
             Live {
                 events: n.events,
                 visitors: n.visitors,
             }
         }
         Err(_) => Live::default(),
-    };
-    Ok(present(&raw, live))
+    }
 }

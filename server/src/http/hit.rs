@@ -39,7 +39,8 @@ pub struct Sender {
 }
 
 impl Sender {
-    fn from_request(state: &AppState, peer: SocketAddr, headers: &HeaderMap) -> Self {
+    /// Read the sender from a request.
+    pub fn from_request(state: &AppState, peer: SocketAddr, headers: &HeaderMap) -> Self {
         Self {
             ip: state.client_ip(peer, headers),
             user_agent: headers

@@ -6,7 +6,9 @@
 //! answered), `Cache-Control: no-store` on every API answer, JSON 404/405 answers.
 
 mod assets;
+mod badge;
 mod counts;
+mod dashboard;
 mod error;
 mod hit;
 mod ops;
@@ -27,6 +29,7 @@ use crate::config::ServeConfig;
 use crate::core::clock::Clock;
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::LiveWindow;
+use crate::core::suppress::Suppressor;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::privacy::SourceHasher;
@@ -38,6 +41,9 @@ pub type LiveKey = (SiteId, Option<PagePath>);
 
 /// User agents whose bot verdict is remembered.
 const BOT_VERDICTS: usize = 4096;
+
+/// Sources remembered for badge/pixel repeat suppression.
+const SUPPRESSOR_KEYS: usize = 200_000;
 
 /// Most distinct visitors tracked per live key.
 const LIVE_MAX_VISITORS: usize = 100_000;
@@ -56,6 +62,8 @@ pub struct AppState {
     pub hasher: Arc<SourceHasher>,
     /// The bot user-agent list, compiled once.
     pub bots: Arc<isbot::Bots>,
+    /// Badge and pixel repeat suppression (sources without a visitor id).
+    pub suppressor: Arc<Mutex<Suppressor>>,
     /// Verdicts of recently seen user agents (the list is a large regex; agents repeat).
     bot_verdicts: Arc<Mutex<HashMap<String, bool>>>,
 }
@@ -69,6 +77,7 @@ impl AppState {
         config: ServeConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let repeat_interval_secs = config.repeat_interval_secs;
         Self {
             sites: Arc::new(SiteRegistry::new(Arc::clone(&store), config.auto_sites)),
             hasher: Arc::new(SourceHasher::new(Arc::clone(&store))),
@@ -79,6 +88,10 @@ impl AppState {
             config: Arc::new(config),
             bots: Arc::new(isbot::Bots::default()),
             bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
+            suppressor: Arc::new(Mutex::new(Suppressor::new(
+                i64::from(repeat_interval_secs) * 1000,
+                SUPPRESSOR_KEYS,
+            ))),
             store,
             ingest,
             clock,
@@ -136,11 +149,17 @@ impl AppState {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(';'))
             .find_map(|c| c.trim().strip_prefix("tally_admin="));
-        [bearer, cookie]
-            .into_iter()
-            .flatten()
-            .any(|given| constant_time_eq(given, token))
+        bearer.is_some_and(|given| constant_time_eq(given, token))
+            || cookie.is_some_and(|given| constant_time_eq(given, &session_value(token)))
     }
+}
+
+/// The admin session cookie's value: derived from the token, so the cookie never holds it.
+pub fn session_value(token: &str) -> String {
+    blake3::derive_key("tally 2026 admin session cookie", token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn constant_time_eq(a: &str, b: &str) -> bool {
@@ -156,10 +175,14 @@ pub fn app(state: AppState) -> Router {
     let api = Router::new()
         .merge(hit::router())
         .merge(counts::router())
+        .merge(badge::pixel_router())
+        .merge(dashboard::api_router())
         .layer(middleware::from_fn(api_headers));
     Router::new()
         .merge(api)
         .merge(ops::router())
+        .merge(badge::router())
+        .merge(dashboard::router())
         .merge(assets::router())
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

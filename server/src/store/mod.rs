@@ -90,6 +90,28 @@ pub struct VerifyReport {
     pub repaired: bool,
 }
 
+/// One day of a site's daily series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DayRow {
+    pub day: Date,
+    pub numbers: BySource,
+}
+
+/// One row of the top pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRow {
+    pub page: String,
+    /// Views and distinct visitors over the whole range, by source.
+    pub numbers: BySource,
+}
+
+/// One row of the top referrers (by referring host).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReferrerRow {
+    pub host: String,
+    pub views: u64,
+}
+
 /// The persistence interface of the collector.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -121,6 +143,45 @@ pub trait Store: Send + Sync + 'static {
 
     /// Recount counters from raw events; with `repair`, replace drifted counters.
     async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError>;
+
+    /// Daily numbers of a site (whole site) for the local days `from..=to`; days without
+    /// views are absent.
+    async fn series(&self, site: &SiteId, from: Date, to: Date) -> Result<Vec<DayRow>, StoreError>;
+
+    /// Views and EXACT distinct visitors of a whole site over the days `from..=to`.
+    async fn range_totals(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+    ) -> Result<BySource, StoreError>;
+
+    /// The `limit` most viewed pages over `from..=to` (views summed, visitors distinct).
+    async fn top_pages(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError>;
+
+    /// The `limit` referring hosts with most views over `from..=to` (from raw events, so only
+    /// within the raw-event retention).
+    async fn top_referrers(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        limit: u32,
+    ) -> Result<Vec<ReferrerRow>, StoreError>;
+
+    /// Set the carried-over numbers of a site (`page` = None) or one page.
+    async fn set_base(
+        &self,
+        site: &SiteId,
+        page: Option<&PagePath>,
+        base: Numbers,
+    ) -> Result<(), StoreError>;
 
     /// Delete raw events older than `before_ms` (their counters stay). Returns rows deleted.
     async fn prune(&self, before_ms: i64) -> Result<u64, StoreError>;

@@ -17,7 +17,9 @@ use jiff::civil::Date;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tally_wire::Numbers;
 
-use super::{BySource, CountsRaw, Drift, Site, Store, StoreError, VerifyReport};
+use super::{
+    BySource, CountsRaw, DayRow, Drift, PageRow, ReferrerRow, Site, Store, StoreError, VerifyReport,
+};
 use crate::core::day::{SiteZone, day_key};
 use crate::core::hit::HitKind;
 use crate::core::ids::{PagePath, SiteId};
@@ -485,6 +487,149 @@ fn verify(conn: &mut Connection, repair: bool) -> Result<VerifyReport, StoreErro
     Ok(report)
 }
 
+fn numbers(views: i64, visitors: i64) -> Numbers {
+    Numbers {
+        views: views.max(0) as u64,
+        visitors: visitors.max(0) as u64,
+    }
+}
+
+fn set_source(target: &mut BySource, source: i64, n: Numbers) {
+    if source == Source::Badge.code() {
+        target.badge = n;
+    } else {
+        target.web = n;
+    }
+}
+
+fn read_series(
+    conn: &Connection,
+    site: &str,
+    from: &str,
+    to: &str,
+) -> Result<Vec<DayRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT day, source, views, visitors FROM counters \
+         WHERE site = ?1 AND page = '' AND day != '*' AND day BETWEEN ?2 AND ?3 ORDER BY day",
+    )?;
+    let mut rows = stmt.query(params![site, from, to])?;
+    let mut out: Vec<DayRow> = Vec::new();
+    while let Some(row) = rows.next()? {
+        let day: String = row.get(0)?;
+        let day: Date = day
+            .parse()
+            .map_err(|e| StoreError::Invalid(format!("day {day:?}: {e}")))?;
+        let n = numbers(row.get(2)?, row.get(3)?);
+        if out.last().is_none_or(|last| last.day != day) {
+            out.push(DayRow {
+                day,
+                numbers: BySource::default(),
+            });
+        }
+        if let Some(last) = out.last_mut() {
+            set_source(&mut last.numbers, row.get(1)?, n);
+        }
+    }
+    Ok(out)
+}
+
+fn read_range_totals(
+    conn: &Connection,
+    site: &str,
+    from: &str,
+    to: &str,
+) -> Result<BySource, StoreError> {
+    let mut out = BySource::default();
+    let mut stmt = conn.prepare_cached(
+        "SELECT source, SUM(views) FROM counters \
+         WHERE site = ?1 AND page = '' AND day != '*' AND day BETWEEN ?2 AND ?3 GROUP BY source",
+    )?;
+    let mut views = HashMap::new();
+    let mut rows = stmt.query(params![site, from, to])?;
+    while let Some(row) = rows.next()? {
+        views.insert(row.get::<_, i64>(0)?, row.get::<_, i64>(1)?);
+    }
+    // Distinct visitors over several days: exact, from the per-day visitor sets.
+    let mut stmt = conn.prepare_cached(
+        "SELECT COUNT(DISTINCT visitor) FROM visitors \
+         WHERE site = ?1 AND source = ?2 AND page = '' AND day != '*' AND day BETWEEN ?3 AND ?4",
+    )?;
+    for (source, views) in views {
+        let visitors: i64 = stmt.query_row(params![site, source, from, to], |r| r.get(0))?;
+        set_source(&mut out, source, numbers(views, visitors));
+    }
+    Ok(out)
+}
+
+fn read_top_pages(
+    conn: &Connection,
+    site: &str,
+    from: &str,
+    to: &str,
+    limit: u32,
+) -> Result<Vec<PageRow>, StoreError> {
+    // Rank by the shown number (the larger source), then fill exact visitors per page.
+    let mut stmt = conn.prepare_cached(
+        "SELECT page, source, SUM(views) FROM counters \
+         WHERE site = ?1 AND page != '' AND day != '*' AND day BETWEEN ?2 AND ?3 \
+         GROUP BY page, source",
+    )?;
+    let mut by_page: HashMap<String, BySource> = HashMap::new();
+    let mut rows = stmt.query(params![site, from, to])?;
+    while let Some(row) = rows.next()? {
+        let entry = by_page.entry(row.get(0)?).or_default();
+        set_source(entry, row.get(1)?, numbers(row.get(2)?, 0));
+    }
+    let mut pages: Vec<PageRow> = by_page
+        .into_iter()
+        .map(|(page, numbers)| PageRow { page, numbers })
+        .collect();
+    pages.sort_by(|a, b| {
+        let key = |p: &PageRow| p.numbers.web.views.max(p.numbers.badge.views);
+        key(b).cmp(&key(a)).then_with(|| a.page.cmp(&b.page))
+    });
+    pages.truncate(limit as usize);
+    let mut stmt = conn.prepare_cached(
+        "SELECT COUNT(DISTINCT visitor) FROM visitors \
+         WHERE site = ?1 AND source = ?2 AND page = ?3 AND day != '*' AND day BETWEEN ?4 AND ?5",
+    )?;
+    for p in &mut pages {
+        for (source, n) in [
+            (Source::Web, &mut p.numbers.web),
+            (Source::Badge, &mut p.numbers.badge),
+        ] {
+            if n.views > 0 {
+                let v: i64 =
+                    stmt.query_row(params![site, source.code(), p.page, from, to], |r| r.get(0))?;
+                n.visitors = v.max(0) as u64;
+            }
+        }
+    }
+    Ok(pages)
+}
+
+fn read_top_referrers(
+    conn: &Connection,
+    site: &str,
+    from: &str,
+    to: &str,
+    limit: u32,
+) -> Result<Vec<ReferrerRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "WITH r AS (SELECT substr(referrer, instr(referrer, '://') + 3) AS rest FROM events \
+                    WHERE site = ?1 AND kind = 0 AND referrer IS NOT NULL AND day BETWEEN ?2 AND ?3) \
+         SELECT CASE WHEN instr(rest, '/') > 0 THEN substr(rest, 1, instr(rest, '/') - 1) ELSE rest END \
+                AS host, COUNT(*) AS n FROM r GROUP BY host ORDER BY n DESC, host LIMIT ?4",
+    )?;
+    let rows = stmt.query_map(params![site, from, to, limit], |r| {
+        Ok(ReferrerRow {
+            host: r.get(0)?,
+            views: r.get::<_, i64>(1)?.max(0) as u64,
+        })
+    })?;
+    rows.collect::<Result<_, _>>().map_err(Into::into)
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn commit(&self, records: Vec<Record>) -> Result<Vec<Outcome>, StoreError> {
@@ -557,6 +702,66 @@ impl Store for SqliteStore {
 
     async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError> {
         self.write(move |conn| verify(conn, repair)).await
+    }
+
+    async fn series(&self, site: &SiteId, from: Date, to: Date) -> Result<Vec<DayRow>, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_key(from), day_key(to));
+        self.read(move |conn| read_series(conn, &site, &from, &to))
+            .await
+    }
+
+    async fn range_totals(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+    ) -> Result<BySource, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_key(from), day_key(to));
+        self.read(move |conn| read_range_totals(conn, &site, &from, &to))
+            .await
+    }
+
+    async fn top_pages(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_key(from), day_key(to));
+        self.read(move |conn| read_top_pages(conn, &site, &from, &to, limit))
+            .await
+    }
+
+    async fn top_referrers(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        limit: u32,
+    ) -> Result<Vec<ReferrerRow>, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_key(from), day_key(to));
+        self.read(move |conn| read_top_referrers(conn, &site, &from, &to, limit))
+            .await
+    }
+
+    async fn set_base(
+        &self,
+        site: &SiteId,
+        page: Option<&PagePath>,
+        base: Numbers,
+    ) -> Result<(), StoreError> {
+        let site = site.as_str().to_owned();
+        let page = page.map(|p| p.as_str().to_owned()).unwrap_or_default();
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT INTO bases (site, page, views, visitors) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (site, page) DO UPDATE SET views = excluded.views, visitors = excluded.visitors",
+                params![site, page, base.views as i64, base.visitors as i64],
+            )?;
+            Ok(())
+        })
+        .await
     }
 
     async fn prune(&self, before_ms: i64) -> Result<u64, StoreError> {

@@ -1,8 +1,10 @@
 //! Integration tests: real HTTP over loopback on port 0, a real SQLite file per test.
 
 mod bad_input;
+mod badge;
 mod concurrency;
 mod crash;
+mod dashboard;
 mod days;
 mod hits;
 mod store_conformance;

@@ -204,3 +204,68 @@ mod sqlite {
         super::salts_are_stable_per_day_and_forgotten(open().2).await;
     }
 }
+
+/// Range visitors are exact (not estimated): 100k distinct visitors over three overlapping days.
+async fn range_visitors_are_exact_at_100k(store: Arc<dyn Store>) {
+    let days = [date(2026, 4, 1), date(2026, 4, 2), date(2026, 4, 3)];
+    let mut n: u32 = 0;
+    for (i, day) in days.iter().enumerate() {
+        // Day i sees visitors [i*50k/… ]: 0..50k, 25k..75k, 50k..100k.
+        let start = i as u32 * 25_000;
+        let batch: Vec<Record> = (start..start + 50_000)
+            .map(|v| {
+                n += 1;
+                let mut key = [0u8; 16];
+                key[..4].copy_from_slice(&v.to_le_bytes());
+                let mut id = [0u8; 10];
+                id[4..8].copy_from_slice(&n.to_le_bytes());
+                Record {
+                    event_id: EventId::new_at("2026-04-02T12:00:00Z".parse().expect("ts"), id),
+                    visitor: VisitorKey(key),
+                    page: PagePath::parse(if v % 2 == 0 { "/even" } else { "/odd" }).expect("p"),
+                    ..record(0, 0, "/", *day)
+                }
+            })
+            .collect();
+        for chunk in batch.chunks(10_000) {
+            store.commit(chunk.to_vec()).await.expect("commit");
+        }
+    }
+    let site = SiteId::parse("s").expect("s");
+    let total = store
+        .range_totals(&site, days[0], days[2])
+        .await
+        .expect("totals");
+    assert_eq!(total.web.views, 150_000);
+    assert_eq!(
+        total.web.visitors, 100_000,
+        "distinct over the range, exactly"
+    );
+    let two = store
+        .range_totals(&site, days[0], days[1])
+        .await
+        .expect("totals");
+    assert_eq!(two.web.visitors, 75_000);
+    let top = store
+        .top_pages(&site, days[0], days[2], 10)
+        .await
+        .expect("top");
+    assert_eq!(top.len(), 2);
+    assert_eq!(
+        top.iter().map(|p| p.numbers.web.visitors).sum::<u64>(),
+        100_000
+    );
+}
+
+mod sqlite_ranges {
+    use super::*;
+    use tally::store::sqlite::{SqliteStore, SyncMode};
+
+    #[tokio::test]
+    async fn range_visitors_are_exact_at_100k() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store =
+            SqliteStore::open(&dir.path().join("r.sqlite"), SyncMode::Normal).expect("open");
+        super::range_visitors_are_exact_at_100k(Arc::new(store)).await;
+    }
+}

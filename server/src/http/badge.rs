@@ -1,0 +1,306 @@
+//! `GET /badge/{site}.svg` (a counting SVG badge) and `GET /api/v1/pixel.gif` (a counting
+//! no-JavaScript pixel).
+//!
+//! Neither request carries a visitor id, so the visitor is the keyed hash of the source (see
+//! `privacy`), and repeated fetches from one source of the same page within the configured
+//! interval count once ([`crate::core::suppress`]). Badge views are stored with their own
+//! source and shown by the larger-source rule ([`crate::core::counts`]); pixel views count as
+//! web views, since the pixel only loads where the script could not run.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+
+use super::hit::{Sender, filter_reason, observe};
+use super::{ApiError, AppState};
+use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
+use crate::core::counts::present;
+use crate::core::day::SiteZone;
+use crate::core::hit::HitKind;
+use crate::core::ids::{EventId, PagePath, SiteId};
+use crate::core::record::{Record, Source};
+use crate::metrics::ReasonLabel;
+use crate::privacy::random_bytes;
+use crate::store::Site;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/badge/{file}", get(badge))
+}
+
+pub fn pixel_router() -> Router<AppState> {
+    Router::new().route("/api/v1/pixel.gif", get(pixel))
+}
+
+/// What a server-side counted view ended as (also sent as `X-Tally-Status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewStatus {
+    Accepted,
+    Duplicate,
+    Suppressed,
+    Filtered,
+    NotCounted,
+}
+
+impl ViewStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            ViewStatus::Accepted => "accepted",
+            ViewStatus::Duplicate => "duplicate",
+            ViewStatus::Suppressed => "suppressed",
+            ViewStatus::Filtered => "filtered",
+            ViewStatus::NotCounted => "display_only",
+        }
+    }
+}
+
+/// Count one view of `page` made by the server on behalf of a source without a visitor id.
+async fn count_view(
+    state: &AppState,
+    site: &Site,
+    page: &PagePath,
+    source: Source,
+    sender: &Sender,
+) -> Result<ViewStatus, ApiError> {
+    if let Some(reason) = filter_reason(state, sender) {
+        state
+            .metrics
+            .filtered
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+        state.metrics.hit("filtered");
+        return Ok(ViewStatus::Filtered);
+    }
+    let now = state.clock.now();
+    let visitor = state
+        .hasher
+        .source_key(
+            SiteZone::utc().day_of(now),
+            &site.id,
+            sender.ip,
+            &sender.user_agent,
+        )
+        .await?;
+    let mut h = blake3::Hasher::new();
+    h.update(&visitor.0);
+    h.update(&source.code().to_le_bytes());
+    h.update(page.as_str().as_bytes());
+    let key = u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().unwrap_or([0; 8]));
+    let admitted = state
+        .suppressor
+        .lock()
+        .map(|mut s| s.admit(key, now.as_millisecond()))
+        .unwrap_or(true);
+    if !admitted {
+        state.metrics.hit("suppressed");
+        return Ok(ViewStatus::Suppressed);
+    }
+    let record = Record {
+        event_id: EventId::new_at(now, random_bytes()),
+        site: site.id.clone(),
+        source,
+        kind: HitKind::Pageview,
+        page: page.clone(),
+        visitor,
+        at_ms: now.as_millisecond(),
+        day: site.zone.day_of(now),
+        referrer: None,
+    };
+    let outcome = state.ingest.submit(vec![record.clone()]).await?;
+    let outcome = outcome
+        .first()
+        .copied()
+        .unwrap_or(crate::core::record::Outcome::Duplicate);
+    observe(state, &record, outcome);
+    Ok(match outcome {
+        crate::core::record::Outcome::Accepted => ViewStatus::Accepted,
+        crate::core::record::Outcome::Duplicate => ViewStatus::Duplicate,
+    })
+}
+
+fn parse_page(raw: Option<&str>) -> Result<Option<PagePath>, ApiError> {
+    match raw {
+        None | Some("") => Ok(None),
+        Some(p) => PagePath::parse(p)
+            .map(Some)
+            .map_err(|_| ApiError::bad("invalid_page", "page must be a path starting with /")),
+    }
+}
+
+fn parse_site(raw: &str) -> Result<SiteId, ApiError> {
+    SiteId::parse(raw).map_err(|e| ApiError::bad(e.code(), e.to_string()))
+}
+
+#[derive(Debug, Deserialize)]
+struct BadgeQuery {
+    page: Option<String>,
+    metric: Option<String>,
+    label: Option<String>,
+    color: Option<String>,
+    style: Option<String>,
+    /// `1`/`true`: show 12.3k instead of 12,345.
+    abbreviate: Option<String>,
+    /// `0`/`false`: display only, do not count.
+    count: Option<String>,
+}
+
+fn flag(raw: Option<&str>, default: bool) -> Result<bool, ApiError> {
+    match raw {
+        None => Ok(default),
+        Some("1" | "true" | "yes") => Ok(true),
+        Some("0" | "false" | "no") => Ok(false),
+        Some(_) => Err(ApiError::bad(
+            "invalid_query",
+            "flags take 1/0 or true/false",
+        )),
+    }
+}
+
+async fn badge(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(file): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<BadgeQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let raw_site = file
+        .strip_suffix(".svg")
+        .ok_or_else(|| ApiError::NotFound("badges end in .svg".into()))?;
+    let site_id = parse_site(raw_site)?;
+    let page = parse_page(q.page.as_deref())?;
+    let metric = q.metric.as_deref().unwrap_or("views");
+    if !matches!(metric, "views" | "visitors" | "today") {
+        return Err(ApiError::bad(
+            "invalid_metric",
+            "metric must be views, visitors or today",
+        ));
+    }
+    let style = match q.style.as_deref() {
+        None => BadgeStyle::Flat,
+        Some(s) => BadgeStyle::parse(s)
+            .ok_or_else(|| ApiError::bad("invalid_style", "style must be flat or flat-square"))?,
+    };
+    let color = match q.color.as_deref() {
+        None => BadgeColor::default(),
+        Some(c) => BadgeColor::parse(c).ok_or_else(|| {
+            ApiError::bad(
+                "invalid_color",
+                "color must be a shields colour name or hex RGB",
+            )
+        })?,
+    };
+    let counting = flag(q.count.as_deref(), true)?;
+    let short = flag(q.abbreviate.as_deref(), false)?;
+    let site = state.sites.get(&site_id).await?;
+    let counted_page = page.clone().unwrap_or_else(PagePath::root);
+    let status = if counting {
+        let sender = Sender::from_request(&state, peer, &headers);
+        count_view(&state, &site, &counted_page, Source::Badge, &sender).await?
+    } else {
+        ViewStatus::NotCounted
+    };
+    let now = state.clock.now();
+    let raw = state
+        .store
+        .counts(&site.id, &counted_page, site.zone.day_of(now))
+        .await?;
+    let counts = present(&raw, Default::default());
+    let scope = if page.is_some() {
+        counts.page
+    } else {
+        counts.site
+    };
+    let (n, default_label) = match metric {
+        "visitors" => (scope.visitors, "visitors"),
+        "today" => (scope.today.views, "today"),
+        _ => (scope.views, "views"),
+    };
+    let value = if short { abbreviate(n) } else { group(n) };
+    let svg = Badge {
+        label: q.label.as_deref().unwrap_or(default_label),
+        value: &value,
+        color,
+        style,
+    }
+    .render();
+    let etag = format!("\"{}\"", &blake3::hash(svg.as_bytes()).to_hex()[..16]);
+    let fresh = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    let mut response = if fresh {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        (
+            [(header::CONTENT_TYPE, "image/svg+xml; charset=utf-8")],
+            svg,
+        )
+            .into_response()
+    };
+    let h = response.headers_mut();
+    // Image proxies (GitHub's camo) must re-fetch on every view.
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-store, must-revalidate, max-age=0"),
+    );
+    h.insert(
+        header::EXPIRES,
+        HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"),
+    );
+    h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    h.insert("x-tally-status", HeaderValue::from_static(status.as_str()));
+    Ok(response)
+}
+
+/// The smallest transparent 1×1 GIF (43 bytes).
+const PIXEL: &[u8] = &[
+    0x47, 0x49, 0x46, 0x38, 0x39, 0x61, 0x01, 0x00, 0x01, 0x00, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0xff, 0xff, 0xff, 0x21, 0xf9, 0x04, 0x01, 0x00, 0x00, 0x00, 0x00, 0x2c, 0x00, 0x00, 0x00, 0x00,
+    0x01, 0x00, 0x01, 0x00, 0x00, 0x02, 0x02, 0x44, 0x01, 0x00, 0x3b,
+];
+
+#[derive(Debug, Deserialize)]
+struct PixelQuery {
+    site: String,
+    page: Option<String>,
+}
+
+async fn pixel(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    query: Result<Query<PixelQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let site_id = parse_site(&q.site)?;
+    // The page is the `page` parameter, else the path of the page that embeds the pixel.
+    let referer = headers
+        .get(header::REFERER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|r| url::Url::parse(r).ok());
+    let page = match parse_page(q.page.as_deref())? {
+        Some(page) => page,
+        None => referer
+            .as_ref()
+            .and_then(|u| PagePath::parse(u.path()).ok())
+            .unwrap_or_else(PagePath::root),
+    };
+    // An <img> sends no Origin; the embedding page's origin is checked when the Referer says it.
+    let origin = referer.as_ref().map(|u| u.origin().ascii_serialization());
+    let site = state.sites.for_origin(&site_id, origin.as_deref()).await?;
+    let sender = Sender::from_request(&state, peer, &headers);
+    let status = count_view(&state, &site, &page, Source::Web, &sender).await?;
+    let mut response = ([(header::CONTENT_TYPE, "image/gif")], PIXEL).into_response();
+    response
+        .headers_mut()
+        .insert("x-tally-status", HeaderValue::from_static(status.as_str()));
+    Ok(response)
+}

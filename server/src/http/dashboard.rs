@@ -1,0 +1,468 @@
+//! `GET /dashboard/{site}` (HTML, readable without JavaScript) and its JSON twins
+//! `GET /api/v1/sites/{site}/series` and `/top`.
+//!
+//! Access: public sites are open; private sites need the admin token, as `Authorization:
+//! Bearer <token>` or the session cookie set by the login form (`POST /dashboard/{site}/login`;
+//! `HttpOnly; Secure; SameSite=Strict`, holding a value derived from the token, never the token).
+//! Every page path and referrer is attacker-controlled and is escaped by the template engine.
+
+use askama::Template;
+use axum::Json;
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use tally_wire::Numbers;
+
+use super::{ApiError, AppState, session_value};
+use crate::core::badge::group;
+use crate::core::chart::{DayPoint, daily_chart};
+use crate::core::counts::combine;
+use crate::core::ids::{PagePath, SiteId};
+use crate::core::range::DayRange;
+use crate::store::Site;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/dashboard/{site}", get(page))
+        .route("/dashboard/{site}/login", post(login))
+}
+
+pub fn api_router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/sites/{site}/series", get(series))
+        .route("/api/v1/sites/{site}/top", get(top))
+}
+
+/// Range selection shared by the page and the JSON.
+#[derive(Debug, Deserialize)]
+struct RangeQuery {
+    range: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    limit: Option<u32>,
+}
+
+const RANGES: [(&str, &str); 5] = [
+    ("today", "Today"),
+    ("7d", "7 days"),
+    ("30d", "30 days"),
+    ("90d", "90 days"),
+    ("365d", "365 days"),
+];
+const DEFAULT_RANGE: &str = "30d";
+
+impl RangeQuery {
+    fn resolve(&self, state: &AppState, site: &Site) -> Result<(DayRange, String), ApiError> {
+        let bad = |e: crate::core::range::RangeError| ApiError::bad("invalid_range", e.to_string());
+        match (&self.from, &self.to) {
+            (Some(from), Some(to)) => Ok((
+                DayRange::explicit(from, to).map_err(bad)?,
+                format!("{from} – {to}"),
+            )),
+            (None, None) => {
+                let name = self.range.as_deref().unwrap_or(DEFAULT_RANGE);
+                let range = DayRange::named(name, &site.zone, state.clock.now()).map_err(bad)?;
+                Ok((range, name.to_owned()))
+            }
+            _ => Err(ApiError::bad(
+                "invalid_range",
+                "give both from and to, or neither",
+            )),
+        }
+    }
+
+    fn limit(&self) -> Result<u32, ApiError> {
+        match self.limit {
+            None => Ok(10),
+            Some(n @ 1..=100) => Ok(n),
+            Some(_) => Err(ApiError::bad("invalid_limit", "limit must be 1 to 100")),
+        }
+    }
+}
+
+/// The site, if the caller may see its stats.
+async fn authorised(state: &AppState, raw: &str, headers: &HeaderMap) -> Result<Site, ApiError> {
+    let id = SiteId::parse(raw).map_err(|e| ApiError::bad(e.code(), e.to_string()))?;
+    let site = state.sites.get(&id).await.map_err(|e| match e {
+        crate::sites::SiteError::Unknown(_) => ApiError::NotFound(format!("no site {raw:?}")),
+        other => other.into(),
+    })?;
+    if site.public || state.is_admin(headers) {
+        Ok((*site).clone())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+async fn daily_points(
+    state: &AppState,
+    site: &Site,
+    range: DayRange,
+) -> Result<Vec<DayPoint>, ApiError> {
+    let rows = state.store.series(&site.id, range.from, range.to).await?;
+    let mut rows = rows.into_iter().peekable();
+    Ok(range
+        .days()
+        .into_iter()
+        .map(|day| {
+            let n = match rows.peek() {
+                Some(r) if r.day == day => {
+                    rows.next().map(|r| combine(r.numbers)).unwrap_or_default()
+                }
+                _ => Numbers::default(),
+            };
+            DayPoint {
+                day,
+                views: n.views,
+                visitors: n.visitors,
+            }
+        })
+        .collect())
+}
+
+#[derive(Serialize)]
+struct SeriesDay {
+    day: String,
+    views: u64,
+    visitors: u64,
+}
+
+#[derive(Serialize)]
+struct SeriesResponse {
+    site: String,
+    timezone: String,
+    from: String,
+    to: String,
+    days: Vec<SeriesDay>,
+    /// Views summed; visitors distinct over the whole range (exact).
+    total: Numbers,
+}
+
+async fn series(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<RangeQuery>, QueryRejection>,
+) -> Result<Json<SeriesResponse>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let site = authorised(&state, &raw, &headers).await?;
+    let (range, _) = q.resolve(&state, &site)?;
+    let points = daily_points(&state, &site, range).await?;
+    let total = combine(
+        state
+            .store
+            .range_totals(&site.id, range.from, range.to)
+            .await?,
+    );
+    Ok(Json(SeriesResponse {
+        site: site.id.to_string(),
+        timezone: site.zone.name().to_owned(),
+        from: range.from.to_string(),
+        to: range.to.to_string(),
+        days: points
+            .into_iter()
+            .map(|p| SeriesDay {
+                day: p.day.to_string(),
+                views: p.views,
+                visitors: p.visitors,
+            })
+            .collect(),
+        total,
+    }))
+}
+
+#[derive(Serialize)]
+struct TopPageJson {
+    page: String,
+    views: u64,
+    visitors: u64,
+}
+
+#[derive(Serialize)]
+struct TopReferrerJson {
+    host: String,
+    views: u64,
+}
+
+#[derive(Serialize)]
+struct TopResponse {
+    site: String,
+    from: String,
+    to: String,
+    pages: Vec<TopPageJson>,
+    referrers: Vec<TopReferrerJson>,
+}
+
+async fn top_lists(
+    state: &AppState,
+    site: &Site,
+    range: DayRange,
+    limit: u32,
+) -> Result<(Vec<TopPageJson>, Vec<TopReferrerJson>), ApiError> {
+    let pages = state
+        .store
+        .top_pages(&site.id, range.from, range.to, limit)
+        .await?;
+    let referrers = state
+        .store
+        .top_referrers(&site.id, range.from, range.to, limit)
+        .await?;
+    Ok((
+        pages
+            .into_iter()
+            .map(|p| {
+                let n = combine(p.numbers);
+                TopPageJson {
+                    page: p.page,
+                    views: n.views,
+                    visitors: n.visitors,
+                }
+            })
+            .collect(),
+        referrers
+            .into_iter()
+            .map(|r| TopReferrerJson {
+                host: r.host,
+                views: r.views,
+            })
+            .collect(),
+    ))
+}
+
+async fn top(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<RangeQuery>, QueryRejection>,
+) -> Result<Json<TopResponse>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let site = authorised(&state, &raw, &headers).await?;
+    let (range, _) = q.resolve(&state, &site)?;
+    let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
+    Ok(Json(TopResponse {
+        site: site.id.to_string(),
+        from: range.from.to_string(),
+        to: range.to.to_string(),
+        pages,
+        referrers,
+    }))
+}
+
+struct Card {
+    label: &'static str,
+    views: String,
+    visitors: String,
+    id: &'static str,
+}
+
+struct RangeLink {
+    key: &'static str,
+    label: &'static str,
+    selected: bool,
+}
+
+struct Row {
+    label: String,
+    views: String,
+    visitors: String,
+    /// Bar width in percent of the first row.
+    share: u64,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard.html")]
+struct DashboardPage {
+    site: String,
+    timezone: String,
+    range_label: String,
+    ranges: Vec<RangeLink>,
+    cards: Vec<Card>,
+    chart: String,
+    pages: Vec<Row>,
+    referrers: Vec<Row>,
+    public: bool,
+    live_window: u32,
+}
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage {
+    site: String,
+    failed: bool,
+}
+
+fn html(status: StatusCode, body: Result<String, askama::Error>) -> Response {
+    match body {
+        Ok(body) => {
+            let mut r = (status, Html(body)).into_response();
+            r.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "template failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+        }
+    }
+}
+
+fn share(n: u64, top: u64) -> u64 {
+    if top == 0 { 0 } else { (n * 100).div_ceil(top) }
+}
+
+async fn page(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<RangeQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let site = match authorised(&state, &raw, &headers).await {
+        Ok(site) => site,
+        Err(ApiError::Unauthorized) => {
+            return Ok(html(
+                StatusCode::UNAUTHORIZED,
+                LoginPage {
+                    site: raw,
+                    failed: false,
+                }
+                .render(),
+            ));
+        }
+        Err(e) => return Err(e),
+    };
+    let (range, range_name) = q.resolve(&state, &site)?;
+    let now = state.clock.now();
+    let mut cards = Vec::new();
+    for (name, label, id) in [
+        ("today", "Today", "today"),
+        ("7d", "7 days", "d7"),
+        ("30d", "30 days", "d30"),
+    ] {
+        let r = DayRange::named(name, &site.zone, now)
+            .map_err(|e| ApiError::bad("invalid_range", e.to_string()))?;
+        let n = combine(state.store.range_totals(&site.id, r.from, r.to).await?);
+        cards.push(Card {
+            label,
+            views: group(n.views),
+            visitors: group(n.visitors),
+            id,
+        });
+    }
+    let raw_counts = state
+        .store
+        .counts(&site.id, &PagePath::root(), site.zone.day_of(now))
+        .await?;
+    let live = super::counts::live_of(&state, &site.id, now.as_millisecond());
+    let all = crate::core::counts::present(&raw_counts, live);
+    cards.push(Card {
+        label: "All time",
+        views: group(all.site.views),
+        visitors: group(all.site.visitors),
+        id: "all",
+    });
+    cards.push(Card {
+        label: "Live now",
+        views: group(live.events),
+        visitors: group(live.visitors),
+        id: "live",
+    });
+
+    let chart = daily_chart(&daily_points(&state, &site, range).await?);
+    let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
+    let top_page = pages.first().map(|p| p.views).unwrap_or(0);
+    let top_ref = referrers.first().map(|r| r.views).unwrap_or(0);
+    let body = DashboardPage {
+        site: site.id.to_string(),
+        timezone: site.zone.name().to_owned(),
+        range_label: RANGES
+            .iter()
+            .find(|(k, _)| *k == range_name)
+            .map(|(_, l)| (*l).to_owned())
+            .unwrap_or(range_name.clone()),
+        ranges: RANGES
+            .iter()
+            .map(|&(key, label)| RangeLink {
+                key,
+                label,
+                selected: key == range_name,
+            })
+            .collect(),
+        cards,
+        chart,
+        pages: pages
+            .into_iter()
+            .map(|p| Row {
+                share: share(p.views, top_page),
+                label: p.page,
+                views: group(p.views),
+                visitors: group(p.visitors),
+            })
+            .collect(),
+        referrers: referrers
+            .into_iter()
+            .map(|r| Row {
+                share: share(r.views, top_ref),
+                label: r.host,
+                views: group(r.views),
+                visitors: String::new(),
+            })
+            .collect(),
+        public: site.public,
+        live_window: state.config.live_window_secs,
+    }
+    .render();
+    Ok(html(StatusCode::OK, body))
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+    form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
+) -> Result<Response, ApiError> {
+    let Form(form) = form.map_err(|e| ApiError::bad("invalid_form", e.body_text()))?;
+    let id = SiteId::parse(&raw).map_err(|e| ApiError::bad(e.code(), e.to_string()))?;
+    let Some(token) = state.config.admin_token.as_deref() else {
+        return Ok(html(
+            StatusCode::UNAUTHORIZED,
+            LoginPage {
+                site: raw,
+                failed: true,
+            }
+            .render(),
+        ));
+    };
+    let mut probe = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", form.token)) {
+        probe.insert(header::AUTHORIZATION, v);
+    }
+    if !state.is_admin(&probe) {
+        return Ok(html(
+            StatusCode::UNAUTHORIZED,
+            LoginPage {
+                site: raw,
+                failed: true,
+            }
+            .render(),
+        ));
+    }
+    let cookie = format!(
+        "tally_admin={}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=2592000",
+        session_value(token)
+    );
+    let mut r = Redirect::to(&format!("/dashboard/{id}")).into_response();
+    *r.status_mut() = StatusCode::SEE_OTHER;
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    Ok(r)
+}
