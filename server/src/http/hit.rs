@@ -121,6 +121,10 @@ pub fn observe(state: &AppState, record: &Record, outcome: Outcome) {
         Outcome::Accepted => {
             state.metrics.hit("accepted");
             let now = state.clock.now().as_millisecond();
+            // A late delivery (a retried beacon from an hour ago) is counted, but is not "live".
+            if now - record.at_ms >= i64::from(state.config.live_window_secs) * 1000 {
+                return;
+            }
             let (lo, hi) = record.visitor.0.split_at(8);
             let visitor = u64::from_le_bytes(lo.try_into().unwrap_or([0; 8]))
                 ^ u64::from_le_bytes(hi.try_into().unwrap_or([0; 8]));

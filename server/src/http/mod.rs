@@ -202,6 +202,10 @@ async fn api_headers(request: Request, next: Next) -> Response {
             header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
             HeaderValue::from_static("true"),
         );
+        h.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("Retry-After"),
+        );
     }
     h.append(header::VARY, HeaderValue::from_static("Origin"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

@@ -257,3 +257,23 @@ async fn health_ready_and_json_404() {
     assert_eq!(v["error"], "not_found");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn late_deliveries_count_but_are_not_live() {
+    let mut app = spawn_app().await;
+    let hour_ago = app.now() - jiff::SignedDuration::from_hours(1);
+    assert_eq!(
+        app.hit_status(&pageview(&event_id_at(hour_ago), Some(V1), "/a"))
+            .await,
+        "accepted"
+    );
+    let c = app.counts("/a").await;
+    assert_eq!((c.page.views, c.live.events), (1, 0));
+    // Live entries leave the window when the clock moves on, with no new event.
+    app.hit_status(&pageview(&event_id_at(app.now()), Some(V2), "/a"))
+        .await;
+    assert_eq!(app.counts("/a").await.live.events, 1);
+    app.clock.advance_millis(60_000);
+    assert_eq!(app.counts("/a").await.live, tally_wire::Live::default());
+    app.stop().await;
+}

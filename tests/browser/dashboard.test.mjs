@@ -1,0 +1,98 @@
+// The dashboard in real headless Chromium: a site filled with known data over three days in a
+// non-UTC time zone; the numbers the page shows must equal the data, and a screenshot is
+// saved for review (its path is printed).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { ROOT, USER_AGENT, cleanup, launchBrowser, startTally, tallyCommand, tempDir } from './support.mjs';
+
+const ZONE = 'Europe/Berlin';
+const HOUR = 3600 * 1000;
+
+function uuidv7(ms) {
+  const b = randomBytes(16);
+  b.writeUIntBE(ms, 0, 6);
+  b[6] = (b[6] & 0x0f) | 0x70;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const h = b.toString('hex');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}
+
+const visitor = (n) => `0b6f5f8e-7d0e-4a55-9d5e-${String(n).padStart(12, '0')}`;
+const localDay = (ms) => new Intl.DateTimeFormat('en-CA', { timeZone: ZONE }).format(new Date(ms));
+const num = (text) => Number(text.replace(/[^0-9]/g, ''));
+
+test('dashboard shows the known numbers and looks like a product', async () => {
+  const dir = tempDir();
+  const db = join(dir, 'dash.sqlite');
+  await tallyCommand(['--db', db, 'site', 'add', 'shop', '--origin', '*', '--timezone', ZONE, '--public']);
+  const tally = await startTally({ db, autoSites: false });
+  const browser = await launchBrowser();
+  try {
+    const now = Date.now();
+    // [hours ago, page, visitor, referrer]
+    const data = [
+      [0.1, '/', 1, 'https://news.example/item?id=1'], [0.2, '/', 2, null], [0.3, '/pricing', 1, null],
+      [0.4, '/docs/<b>intro</b>', 3, 'https://search.example/?q=tally'], [25, '/', 4, 'https://news.example/a'],
+      [25.5, '/pricing', 4, null], [26, '/', 5, null], [49, '/', 1, 'https://news.example/b'],
+      [49.5, '/pricing', 6, 'https://social.example/p/1'], [50, '/blog/launch', 7, null],
+    ];
+    for (const [ago, path, v, referrer] of data) {
+      const at = Math.round(now - ago * HOUR);
+      const r = await fetch(`${tally.url}/api/v1/hit`, {
+        method: 'POST',
+        headers: { 'content-type': 'text/plain', 'user-agent': USER_AGENT },
+        body: JSON.stringify({ site: 'shop', type: 'pageview', event_id: uuidv7(at), visitor_id: visitor(v),
+          url: `https://shop.example${path}`, referrer }),
+      });
+      assert.equal((await r.json()).status, 'accepted');
+    }
+    const today = localDay(now);
+    const todays = data.filter(([ago]) => localDay(now - ago * HOUR) === today);
+    const distinct = (rows) => new Set(rows.map((r) => r[2])).size;
+
+    const { context } = { context: await browser.newContext({ userAgent: USER_AGENT, viewport: { width: 1200, height: 900 } }) };
+    const page = await context.newPage();
+    const res = await page.goto(`${tally.url}/dashboard/shop?range=7d`);
+    assert.equal(res.status(), 200);
+    const card = (id, field) => page.locator(`#card-${id} [data-field="${field}"]`).first().textContent();
+    assert.equal(num(await card('today', 'views')), todays.length, 'today views');
+    assert.equal(num(await card('today', 'visitors')), distinct(todays), 'today visitors');
+    assert.equal(num(await card('d7', 'views')), data.length, '7-day views');
+    assert.equal(num(await card('d7', 'visitors')), distinct(data), '7-day visitors are distinct, not summed');
+    assert.equal(num(await card('all', 'views')), data.length, 'all-time views');
+
+    const rows = await page.locator('#top-pages tbody tr').evaluateAll((trs) =>
+      trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.textContent.trim())));
+    const byPage = {};
+    for (const [, path, v] of data) {
+      const key = new URL(`https://shop.example${path}`).pathname;
+      (byPage[key] ??= { views: 0, visitors: new Set() }).views++;
+      byPage[key].visitors.add(v);
+    }
+    const expected = Object.entries(byPage)
+      .map(([p, s]) => [p, String(s.views), String(s.visitors.size)])
+      .sort((a, b) => Number(b[1]) - Number(a[1]) || a[0].localeCompare(b[0]));
+    assert.deepEqual(rows, expected);
+    assert.ok(rows.some(([p]) => p === '/docs/%3Cb%3Eintro%3C/b%3E'), 'attacker-shaped paths appear as text');
+    assert.equal(await page.locator('#top-pages b').count(), 0, 'no markup injected from page paths');
+
+    const refs = await page.locator('#top-referrers tbody tr td:first-child').allTextContents();
+    assert.deepEqual(refs.map((s) => s.trim()), ['news.example', 'search.example', 'social.example']);
+    // One bar group per day of the range in the chart.
+    assert.equal(await page.locator('.chart svg .views').count(), 7);
+
+    const out = join(ROOT, 'target', 'screenshots');
+    mkdirSync(out, { recursive: true });
+    const shot = join(out, 'dashboard.png');
+    await page.screenshot({ path: shot, fullPage: true });
+    console.log(`dashboard screenshot: ${shot}`);
+    await context.close();
+  } finally {
+    await browser.close();
+    await tally.stop();
+    cleanup(dir);
+  }
+});
