@@ -40,7 +40,17 @@ glue = glue.replace(named, () => hostBody);
 glue = glue.replace(namespace, (_, name) => `const ${name} = { ${exported.join(', ')} };`);
 if (/from ['"]\.\/snippets\//.test(glue)) throw new Error('glue still imports a snippet');
 
-// 2. Minify. The glue is an ES module (exports keep their names); the loader a classic script.
+// 2. Trim what the page never uses: initSync (the loader always uses the async default
+//    export) and the exports only host.js calls (so the minifier may rename them). Each
+//    edit must find its target, or the build stops: a new wasm-bindgen needs a look here.
+const must = (re, by) => {
+  if (!re.test(glue)) throw new Error(`glue trim: ${re} not found`);
+  glue = glue.replace(re, by);
+};
+must(/^export \{ initSync, __wbg_init as default \};$/m, 'export { __wbg_init as default };');
+for (const internal of ['done', 'tick', 'nav', 'hide']) must(new RegExp(`^export function ${internal}\\(`, 'm'), `function ${internal}(`);
+
+// 3. Minify. The glue is an ES module (exports keep their names); the loader a classic script.
 const terse = async (code, module) => {
   const r = await minify(code, {
     module,
@@ -62,7 +72,7 @@ const loaderSrc = readFileSync(join(jsDir, 'loader.js'), 'utf8');
 if (!loaderSrc.includes('__GLUE__') || !loaderSrc.includes('__WASM__')) throw new Error('loader lacks placeholders');
 const loader = await terse(stripComments(loaderSrc).replace("'__GLUE__'", `'${glueName}'`).replace("'__WASM__'", `'${wasmName}'`), false);
 
-// 3. Write, removing the files of earlier builds.
+// 4. Write, removing the files of earlier builds.
 mkdirSync(outDir, { recursive: true });
 for (const f of readdirSync(outDir)) {
   if (/^tally-[0-9a-f]+\.(js|wasm)$/.test(f)) unlinkSync(join(outDir, f));
@@ -88,7 +98,8 @@ pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../
 `,
 );
 
-// 4. Smoke test: the module instantiates against the glue's imports.
+// 5. Smoke test: the module instantiates against the glue's imports.
 const mod = await import(join(outDir, glueName));
-mod.initSync({ module: wasm });
+await mod.default({ module_or_path: wasm });
+for (const f of ['start', 'cmd']) if (typeof mod[f] !== 'function') throw new Error(`glue lacks ${f}`);
 console.error(`[snippet] wrote ${outDir}: tally.js, ${glueName}, ${wasmName}, manifest.rs`);

@@ -4,10 +4,10 @@
 /// The loader, served at `/tally.js`.
 pub const LOADER: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally.js"));
 /// File name of the wasm-bindgen glue (content-hashed: immutable).
-pub const GLUE_NAME: &str = "tally-642bf22bca52.js";
+pub const GLUE_NAME: &str = "tally-64ddff593dac.js";
 /// The glue (an ES module with the host functions inlined).
-pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-642bf22bca52.js"));
+pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-64ddff593dac.js"));
 /// File name of the WebAssembly module (content-hashed: immutable).
-pub const WASM_NAME: &str = "tally-cfb09304d72c.wasm";
+pub const WASM_NAME: &str = "tally-6c17b08df4ef.wasm";
 /// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-cfb09304d72c.wasm"));
+pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-6c17b08df4ef.wasm"));
