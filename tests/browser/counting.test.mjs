@@ -222,3 +222,23 @@ test('CORS: an allowed origin counts on a registered site, any other origin is r
     cleanup(d2);
   }
 });
+
+test('data-respect-dnt: Do Not Track / Global Privacy Control visitors are not counted', async () => {
+  site.pages['/dnt/respect'] = snippet({ site: 'dnt', 'respect-dnt': true });
+  site.pages['/dnt/ignore'] = snippet({ site: 'dnt' });
+  for (const signal of ['doNotTrack', 'globalPrivacyControl']) {
+    const { context, log } = await newProfile(browser);
+    await context.addInitScript((s) => {
+      Object.defineProperty(Navigator.prototype, s, { get: () => (s === 'doNotTrack' ? '1' : true) });
+    }, signal);
+    const page = await context.newPage();
+    await page.goto(`${site.origin}/dnt/respect`);
+    await page.waitForFunction(() => typeof window.tally === 'function' && document.readyState === 'complete');
+    assert.ok(!log.requests.some((u) => u.includes('/tally-')), `${signal}: the module was not even loaded`);
+    await page.goto(`${site.origin}/dnt/ignore`); // without data-respect-dnt the signal is not honoured
+    await countsWhere(tally.url, 'dnt', '/dnt/ignore', (c) => c.page.views === (signal === 'doNotTrack' ? 1 : 2));
+    assert.equal(log.hits.length, 1);
+    await context.close();
+  }
+  assert.equal((await counts(tally.url, 'dnt', '/dnt/respect')).page.views, 0);
+});
