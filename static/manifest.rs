@@ -8,6 +8,6 @@ pub const GLUE_NAME: &str = "tally-64ddff593dac.js";
 /// The glue (an ES module with the host functions inlined).
 pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-64ddff593dac.js"));
 /// File name of the WebAssembly module (content-hashed: immutable).
-pub const WASM_NAME: &str = "tally-6c17b08df4ef.wasm";
+pub const WASM_NAME: &str = "tally-cd20b87ad30b.wasm";
 /// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-6c17b08df4ef.wasm"));
+pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-cd20b87ad30b.wasm"));

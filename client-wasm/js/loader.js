@@ -3,8 +3,9 @@
 //
 // Contract: reads the data-* options of its own <script> tag; makes window.tally(...) (and
 // tally.track(...)) work at once, queueing calls, including those made through a stub
-// (window.tally.q) before this script ran; skips localhost, *.localhost, [::1] and file:
-// pages unless data-allow-local, and Do Not Track / Global Privacy Control visitors when
+// (window.tally.q) before this script ran; skips pages that are not http(s) (file:, ...:
+// the collector counts only http(s) URLs), localhost, *.localhost and [::1] unless
+// data-allow-local, and Do Not Track / Global Privacy Control visitors when
 // data-respect-dnt; then imports the glue and instantiates the .wasm with streaming
 // compilation, both fetched asynchronously, so the page's rendering and load event never wait.
 // Nothing here throws into the page: failures end in at most one console message, naming
@@ -19,7 +20,7 @@
     }
     t.q = q;
     t.track = function (e, x) { t('event', e, x) };
-    if (!('allowLocal' in o) && (l.protocol == 'file:' || /(^|\.)localhost$|^\[::1\]$/.test(l.hostname)) ||
+    if (!/^https?:$/.test(l.protocol) || !('allowLocal' in o) && /(^|\.)localhost$|^\[::1\]$/.test(l.hostname) ||
       'respectDnt' in o && (n.doNotTrack == '1' || n.globalPrivacyControl)) return;
     var b = s.src;
     import(new URL('__GLUE__', b)).then(function (g) {

@@ -6,8 +6,9 @@
 //!   DOM), so this module is plain Rust, tested natively with a fake host. In the browser the
 //!   host is `web::Web`, a thin layer over `js/host.js`.
 //! - Storage: `localStorage` if it works, else `sessionStorage`, else memory (the page's
-//!   lifetime); with [`Options::storage`] off nothing is ever written and the visitor id is
-//!   `null`. A stored visitor id is reused only if it is a canonical UUID.
+//!   lifetime); a storage that starts failing later (full, revoked) is left for memory too.
+//!   With [`Options::storage`] off nothing is ever written and the visitor id is `null`. A
+//!   stored visitor id is reused only if it is a canonical UUID.
 //! - Every hit gets a fresh UUIDv7 event id, is written to the queue, then sent; a retry
 //!   resends the stored body byte for byte, so the event id never changes.
 //! - Sending: [`Host::send`] (fetch, whose answer comes back through [`Client::answer`]) while
@@ -444,12 +445,14 @@ impl<H: Host> Client<H> {
 
     fn save_queue(&mut self, q: &[Entry]) {
         let text = queue::encode(q);
-        match self.store {
-            Store::Area(area) => {
-                self.host.save(area, QUEUE_KEY, &text);
-            }
-            Store::Memory => self.memory = text,
+        if let Store::Area(area) = self.store
+            && self.host.save(area, QUEUE_KEY, &text)
+        {
+            return;
         }
+        // Memory, or storage that stopped working (full, revoked): keep the queue for this page.
+        self.store = Store::Memory;
+        self.memory = text;
     }
 }
 

@@ -15,6 +15,8 @@ struct Fake {
     seed: Cell<u8>,
     areas: [HashMap<String, String>; 2],
     broken: [bool; 2],
+    /// Storage that reads but refuses writes (quota exceeded).
+    full: bool,
     sends: Vec<(String, String, u32)>,
     beacons: Vec<(String, String)>,
     timers: Vec<u32>,
@@ -46,7 +48,7 @@ impl Host for Fake {
     }
     fn save(&mut self, area: Area, key: &str, value: &str) -> bool {
         let a = area as usize;
-        if self.broken[a] {
+        if self.broken[a] || self.full {
             return false;
         }
         if value.is_empty() {
@@ -544,4 +546,16 @@ fn paths_are_extracted() {
         without_fragment("https://a.example/x?q#f"),
         "https://a.example/x?q"
     );
+}
+
+#[test]
+fn storage_full_after_the_start_keeps_the_queue_in_memory() {
+    let mut w = World::start(fake("https://blog.example/"), 0);
+    let first = w.sends().remove(0);
+    w.host().full = true;
+    w.answer(first.2, 0, None, None);
+    w.advance(retry::CAP_MS);
+    let again = w.sends();
+    assert_eq!(again.len(), 1, "the failed hit is still retried");
+    assert_eq!(again[0].1, first.1);
 }
