@@ -42,8 +42,8 @@ test('collector down while the page loads: the queued view arrives exactly once 
   assert.equal(await page.evaluate(() => window.hostRan && document.readyState), 'complete');
   const queued = await waitFor(async () => {
     const q = await queueText(page); // "due attempts born event_id body"
-    return q && q.split(' ')[1] === '1' && q;
-  }, { what: 'the failed view queued with one attempt' });
+    return q && Number(q.split(' ')[1]) >= 1 && q;
+  }, { what: 'the failed view queued with its failed attempt counted' });
   assert.ok(queued.includes(eventId(log.hits[0])));
 
   tally = await startTally({ db, port });
