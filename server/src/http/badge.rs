@@ -22,7 +22,7 @@ use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
 use crate::core::counts::present;
 use crate::core::day::SiteZone;
 use crate::core::hit::HitKind;
-use crate::core::ids::{EventId, PagePath, SiteId};
+use crate::core::ids::{EventId, PagePath};
 use crate::core::record::{Record, Source};
 use crate::metrics::ReasonLabel;
 use crate::privacy::random_bytes;
@@ -131,10 +131,6 @@ fn parse_page(raw: Option<&str>) -> Result<Option<PagePath>, ApiError> {
     }
 }
 
-fn parse_site(raw: &str) -> Result<SiteId, ApiError> {
-    SiteId::parse(raw).map_err(|e| ApiError::bad(e.code(), e.to_string()))
-}
-
 #[derive(Debug, Deserialize)]
 struct BadgeQuery {
     page: Option<String>,
@@ -167,11 +163,11 @@ async fn badge(
     headers: HeaderMap,
     query: Result<Query<BadgeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let q = super::query(query)?;
     let raw_site = file
         .strip_suffix(".svg")
         .ok_or_else(|| ApiError::NotFound("badges end in .svg".into()))?;
-    let site_id = parse_site(raw_site)?;
+    let site_id = super::site_id(raw_site)?;
     let page = parse_page(q.page.as_deref())?;
     let metric = q.metric.as_deref().unwrap_or("views");
     if !matches!(metric, "views" | "visitors" | "today") {
@@ -279,8 +275,8 @@ async fn pixel(
     headers: HeaderMap,
     query: Result<Query<PixelQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
-    let site_id = parse_site(&q.site)?;
+    let q = super::query(query)?;
+    let site_id = super::site_id(&q.site)?;
     // The page is the `page` parameter, else the path of the page that embeds the pixel.
     let referer = headers
         .get(header::REFERER)

@@ -30,8 +30,8 @@ async fn counts(
     headers: HeaderMap,
     query: Result<Query<CountsQuery>, QueryRejection>,
 ) -> Result<Json<Counts>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
-    let site_id = SiteId::parse(&q.site).map_err(|e| ApiError::bad(e.code(), e.to_string()))?;
+    let q = super::query(query)?;
+    let site_id = super::site_id(&q.site)?;
     let page = match q.page.as_deref() {
         None | Some("") => PagePath::root(),
         Some(p) => PagePath::parse(p)

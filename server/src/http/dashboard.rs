@@ -21,7 +21,7 @@ use super::{ApiError, AppState, session_value};
 use crate::core::badge::group;
 use crate::core::chart::{DayPoint, daily_chart};
 use crate::core::counts::combine;
-use crate::core::ids::{PagePath, SiteId};
+use crate::core::ids::PagePath;
 use crate::core::range::DayRange;
 use crate::store::Site;
 
@@ -86,7 +86,7 @@ impl RangeQuery {
 
 /// The site, if the caller may see its stats.
 async fn authorised(state: &AppState, raw: &str, headers: &HeaderMap) -> Result<Site, ApiError> {
-    let id = SiteId::parse(raw).map_err(|e| ApiError::bad(e.code(), e.to_string()))?;
+    let id = super::site_id(raw)?;
     let site = state.sites.get(&id).await.map_err(|e| match e {
         crate::sites::SiteError::Unknown(_) => ApiError::NotFound(format!("no site {raw:?}")),
         other => other.into(),
@@ -148,7 +148,7 @@ async fn series(
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let q = super::query(query)?;
     let site = authorised(&state, &raw, &headers).await?;
     let (range, _) = q.resolve(&state, &site)?;
     let points = daily_points(&state, &site, range).await?;
@@ -239,7 +239,7 @@ async fn top(
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<TopResponse>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let q = super::query(query)?;
     let site = authorised(&state, &raw, &headers).await?;
     let (range, _) = q.resolve(&state, &site)?;
     let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
@@ -320,7 +320,7 @@ async fn page(
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    let q = super::query(query)?;
     let site = match authorised(&state, &raw, &headers).await {
         Ok(site) => site,
         Err(ApiError::Unauthorized) => {
@@ -430,7 +430,7 @@ async fn login(
     form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, ApiError> {
     let Form(form) = form.map_err(|e| ApiError::bad("invalid_form", e.body_text()))?;
-    let id = SiteId::parse(&raw).map_err(|e| ApiError::bad(e.code(), e.to_string()))?;
+    let id = super::site_id(&raw)?;
     let Some(token) = state.config.admin_token.as_deref() else {
         return Ok(html(
             StatusCode::UNAUTHORIZED,

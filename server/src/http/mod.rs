@@ -231,6 +231,20 @@ pub async fn preflight() -> Response {
     r
 }
 
+/// A query string parsed into `T`, or a 400 `invalid_query` saying why.
+pub fn query<T>(
+    parsed: Result<axum::extract::Query<T>, axum::extract::rejection::QueryRejection>,
+) -> Result<T, ApiError> {
+    parsed
+        .map(|q| q.0)
+        .map_err(|e| ApiError::bad("invalid_query", e.body_text()))
+}
+
+/// A site id from a path or query, or a 400 `invalid_site`.
+pub fn site_id(raw: &str) -> Result<crate::core::ids::SiteId, ApiError> {
+    crate::core::ids::SiteId::parse(raw).map_err(|e| ApiError::bad(e.code(), e.to_string()))
+}
+
 /// The request's `Origin`, if it is readable text.
 pub fn origin(headers: &HeaderMap) -> Option<&str> {
     headers.get(header::ORIGIN).and_then(|v| v.to_str().ok())

@@ -239,15 +239,7 @@ async fn every_bad_input_gets_its_4xx_and_counts_do_not_move() {
     );
     // The good body itself is accepted: the cases above failed for their one defect only.
     assert_eq!(app.hit_status(&good).await, "accepted");
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("m")
-        .text()
-        .await
-        .expect("t");
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains(r#"tally_rejected_total{code="invalid_event_id"} 2"#),
         "{metrics}"

@@ -97,12 +97,7 @@ async fn badge_escapes_user_text_and_rejects_bad_parameters() {
         let v: serde_json::Value = r.json().await.expect("json");
         assert_eq!(v["error"], code, "{query}");
     }
-    let r = app
-        .client
-        .get(app.url("/badge/nope.svg"))
-        .send()
-        .await
-        .expect("r");
+    let r = app.get("/badge/nope.svg").await;
     assert_eq!(r.status(), 403);
     assert_eq!(app.counts("/").await.site.views, 0, "nothing was counted");
     app.stop().await;

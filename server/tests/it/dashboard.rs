@@ -67,11 +67,8 @@ async fn series_and_top_json_match_the_data() {
     let mut app = spawn_app_with(options()).await;
     fill(&app).await;
     let series: Value = app
-        .client
-        .get(app.url("/api/v1/sites/blog/series?range=7d"))
-        .send()
+        .get("/api/v1/sites/blog/series?range=7d")
         .await
-        .expect("r")
         .json()
         .await
         .expect("json");
@@ -109,11 +106,8 @@ async fn series_and_top_json_match_the_data() {
     assert_eq!(series["total"], json!({"views": 8, "visitors": 5}));
 
     let top: Value = app
-        .client
-        .get(app.url("/api/v1/sites/blog/top?from=2026-05-08&to=2026-05-10&limit=2"))
-        .send()
+        .get("/api/v1/sites/blog/top?from=2026-05-08&to=2026-05-10&limit=2")
         .await
-        .expect("r")
         .json()
         .await
         .expect("json");
@@ -126,19 +120,9 @@ async fn series_and_top_json_match_the_data() {
         json!([{"host": "news.example", "views": 3}, {"host": "search.example", "views": 1}])
     );
 
-    let r = app
-        .client
-        .get(app.url("/api/v1/sites/blog/series?range=2w"))
-        .send()
-        .await
-        .expect("r");
+    let r = app.get("/api/v1/sites/blog/series?range=2w").await;
     assert_eq!(r.status(), 400);
-    let r = app
-        .client
-        .get(app.url("/api/v1/sites/blog/top?limit=1000"))
-        .send()
-        .await
-        .expect("r");
+    let r = app.get("/api/v1/sites/blog/top?limit=1000").await;
     assert_eq!(r.status(), 400);
     app.stop().await;
 }
@@ -147,12 +131,7 @@ async fn series_and_top_json_match_the_data() {
 async fn dashboard_html_shows_the_numbers_escaped() {
     let mut app = spawn_app_with(options()).await;
     fill(&app).await;
-    let r = app
-        .client
-        .get(app.url("/dashboard/blog?range=7d"))
-        .send()
-        .await
-        .expect("r");
+    let r = app.get("/dashboard/blog?range=7d").await;
     assert_eq!(r.status(), 200);
     assert!(
         r.headers()["content-type"]
@@ -194,12 +173,7 @@ async fn private_sites_need_the_token_or_the_login_cookie() {
         })
         .await
         .expect("site");
-    let r = app
-        .client
-        .get(app.url("/api/v1/sites/secret/series"))
-        .send()
-        .await
-        .expect("r");
+    let r = app.get("/api/v1/sites/secret/series").await;
     assert_eq!(r.status(), 401);
     assert_eq!(
         r.json::<Value>().await.expect("json")["error"],
@@ -213,12 +187,7 @@ async fn private_sites_need_the_token_or_the_login_cookie() {
         .await
         .expect("r");
     assert_eq!(r.status(), 200);
-    let r = app
-        .client
-        .get(app.url("/dashboard/secret"))
-        .send()
-        .await
-        .expect("r");
+    let r = app.get("/dashboard/secret").await;
     assert_eq!(r.status(), 401);
     assert!(
         r.text().await.expect("html").contains("name=\"token\""),
@@ -261,12 +230,7 @@ async fn private_sites_need_the_token_or_the_login_cookie() {
         .await
         .expect("r");
     assert_eq!(r.status(), 200);
-    let r = app
-        .client
-        .get(app.url("/dashboard/nosuchsite"))
-        .send()
-        .await
-        .expect("r");
+    let r = app.get("/dashboard/nosuchsite").await;
     assert_eq!(r.status(), 404);
     app.stop().await;
 }

@@ -181,15 +181,7 @@ async fn bots_and_empty_user_agents_are_filtered_and_show_in_metrics() {
         assert_eq!(v["status"], "filtered", "{ua:?}");
     }
     assert_eq!(app.counts("/a").await.page.views, 0);
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("m")
-        .text()
-        .await
-        .expect("t");
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains(r#"tally_filtered_total{reason="bot"} 1"#),
         "{metrics}"
@@ -233,25 +225,9 @@ async fn visitors_without_an_id_are_told_apart_by_a_daily_source_hash() {
 #[tokio::test]
 async fn health_ready_and_json_404() {
     let mut app = spawn_app().await;
-    assert_eq!(
-        app.client
-            .get(app.url("/healthz"))
-            .send()
-            .await
-            .expect("r")
-            .status(),
-        200
-    );
-    assert_eq!(
-        app.client
-            .get(app.url("/readyz"))
-            .send()
-            .await
-            .expect("r")
-            .status(),
-        200
-    );
-    let r = app.client.get(app.url("/nope")).send().await.expect("r");
+    assert_eq!(app.get("/healthz").await.status(), 200);
+    assert_eq!(app.get("/readyz").await.status(), 200);
+    let r = app.get("/nope").await;
     assert_eq!(r.status(), 404);
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["error"], "not_found");

@@ -147,6 +147,24 @@ impl TestApp {
         v["status"].as_str().expect("status").to_owned()
     }
 
+    /// GET a path on the app (browser user agent, no origin).
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        self.get("/metrics")
+            .await
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     pub async fn counts(&self, page: &str) -> Counts {
         let r = self
             .client

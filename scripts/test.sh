@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite — what CI runs (after .ci/run installed what a fresh machine lacks):
+# formatting, clippy -D warnings, every Rust test (unit, integration over real HTTP with real
+# SQLite files, kill -9 crash test, store conformance), the proof that the committed snippet
+# in static/ was built from the current sources, and the browser suite in headless Chromium
+# against the real binary.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+step() { printf '\n== %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+step "cargo test"
+cargo test --workspace
+step "committed snippet is current"
+scripts/check-snippet.sh
+step "browser suite (headless Chromium)"
+scripts/browser-test.sh
