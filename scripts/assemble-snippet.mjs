@@ -47,10 +47,67 @@ const must = (re, by) => {
   if (!re.test(glue)) throw new Error(`glue trim: ${re} not found`);
   glue = glue.replace(re, by);
 };
-must(/^export \{ initSync, __wbg_init as default \};$/m, 'export { __wbg_init as default };');
 for (const internal of ['done', 'tick', 'nav', 'hide']) must(new RegExp(`^export function ${internal}\\(`, 'm'), `function ${internal}(`);
 
-// 3. Minify. The glue is an ES module (exports keep their names); the loader a classic script.
+// 3. Replace wasm-bindgen's general-purpose runtime with the small subset this page needs
+//    (~0.8 KB gzip): one instantiation path (a URL from the loader, bytes from the smoke test
+//    below; streaming, with the arrayBuffer fallback for servers that send the wrong MIME
+//    type), memory views made on use instead of cached and invalidated, strings passed with one
+//    TextEncoder.encode, and no free-on-exception paths in the exports (passing a string can
+//    only fail when the module is out of memory, and the loader catches that).
+const fn = (name, body) => must(new RegExp(`^function ${name}\\([^)]*\\) \\{\\n[\\s\\S]*?^\\}\\n`, 'm'), body + '\n');
+must(/^let wasmModule, wasmInstance, wasm;\n[\s\S]*$/m, `let wasm;
+async function __wbg_init({ module_or_path: m }) {
+  const i = __wbg_get_imports();
+  const { instance } = await (m instanceof URL
+    ? fetch(m).then((r) => {
+        if (!r.ok) throw new Error('failed to fetch Wasm: ' + r.status);
+        return WebAssembly.instantiateStreaming(r.clone(), i).catch(() => r.arrayBuffer().then((b) => WebAssembly.instantiate(b, i)));
+      })
+    : WebAssembly.instantiate(m, i));
+  wasm = instance.exports;
+  wasm.__wbindgen_start();
+  return wasm;
+}
+export { __wbg_init as default };
+`);
+must(/^let cachedDataViewMemory0 = null;\n/m, '');
+must(/^let cachedUint8ArrayMemory0 = null;\n/m, '');
+fn('getDataViewMemory0', 'function getDataViewMemory0() { return new DataView(wasm.memory.buffer); }');
+fn('getUint8ArrayMemory0', 'function getUint8ArrayMemory0() { return new Uint8Array(wasm.memory.buffer); }');
+must(/^let cachedTextDecoder = [\s\S]*?^function decodeText\(bytes\) \{\n[\s\S]*?^\}\n/m,
+  "const cachedTextDecoder = new TextDecoder('utf-8', { ignoreBOM: true });\nfunction decodeText(bytes) { return cachedTextDecoder.decode(bytes); }\n");
+fn('passStringToWasm0', `function passStringToWasm0(arg, malloc) {
+  const buf = cachedTextEncoder.encode(arg), ptr = malloc(buf.length, 1) >>> 0;
+  getUint8ArrayMemory0().set(buf, ptr);
+  WASM_VECTOR_LEN = buf.length;
+  return ptr;
+}`);
+must(/, wasm\.__wbindgen_realloc/g, '');
+must(/^    try \{\n([\s\S]*?)^    \} catch \(e\) \{\n[\s\S]*?^        throw e;\n    \}\n/gm, '$1');
+
+// 4. Apply the one-letter wasm import/export names that build-snippet.sh gave the module
+//    (wasm-opt --minify-imports-and-exports-and-modules; its mapping is BINDGEN_DIR/names.json):
+//    the host imports become keys of the one import module, `wasm.<export>` uses are renamed.
+const names = JSON.parse(readFileSync(join(bindgenDir, 'names.json'), 'utf8'));
+const importModules = new Set(names.imports.map(([m]) => m));
+if (importModules.size !== 2) throw new Error(`expected two import modules, got ${[...importModules]}`);
+const hostNames = [];
+for (const [mod, name, short] of names.imports) {
+  if (mod === './tally_client_bg.js') must(new RegExp(`^(\\s+)${name}: function`, 'm'), `$1${short}: function`);
+  else if (exported.includes(name)) hostNames.push(`${short}: ${name}`);
+  else throw new Error(`unknown import ${mod} ${name}`);
+}
+must(/^(const \w+ = )\{ [\w, ]+ \};$/m, `$1{ ${hostNames.join(', ')} };`);
+must(/return \{\s*__proto__: null,\s*"\.\/tally_client_bg\.js": (\w+),\s*"\.\/snippets\/[^"]+": (\w+),\s*\};/,
+  (_, a, b) => `return { a: Object.assign(${a}, ${b}) };`);
+const exportNames = Object.fromEntries(names.exports);
+glue = glue.replace(/\bwasm\.(\w+)/g, (_, n) => {
+  if (!exportNames[n]) throw new Error(`glue uses unknown export ${n}`);
+  return `wasm.${exportNames[n]}`;
+});
+
+// 5. Minify. The glue is an ES module (exports keep their names); the loader a classic script.
 const terse = async (code, module) => {
   const r = await minify(code, {
     module,
@@ -72,7 +129,7 @@ const loaderSrc = readFileSync(join(jsDir, 'loader.js'), 'utf8');
 if (!loaderSrc.includes('__GLUE__') || !loaderSrc.includes('__WASM__')) throw new Error('loader lacks placeholders');
 const loader = await terse(stripComments(loaderSrc).replace("'__GLUE__'", `'${glueName}'`).replace("'__WASM__'", `'${wasmName}'`), false);
 
-// 4. Write, removing the files of earlier builds.
+// 6. Write, removing the files of earlier builds.
 mkdirSync(outDir, { recursive: true });
 for (const f of readdirSync(outDir)) {
   if (/^tally-[0-9a-f]+\.(js|wasm)$/.test(f)) unlinkSync(join(outDir, f));
@@ -98,7 +155,7 @@ pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../
 `,
 );
 
-// 5. Smoke test: the module instantiates against the glue's imports.
+// 7. Smoke test: the module instantiates against the glue's imports.
 const mod = await import(join(outDir, glueName));
 await mod.default({ module_or_path: wasm });
 for (const f of ['start', 'cmd']) if (typeof mod[f] !== 'function') throw new Error(`glue lacks ${f}`);

@@ -46,6 +46,10 @@ elif [[ -f $TOOLCHAIN ]]; then
   MODE=debian
   eval "$(WASMKIT_SMALL=1 WASMKIT_TOOLS=$TOOLS bash "$TOOLCHAIN" setup "$ROOT/Cargo.lock")"
   WB=wasm-bindgen
+  # No file/line/column strings for panic locations, no Debug formatting code (both unused
+  # with panic=immediate-abort, but they can still leave data and code behind).
+  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS+=" -Zlocation-detail=none -Zfmt-debug=none"
+  export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS
   # shellcheck disable=SC2206  # WASM_CARGO_FLAGS is a flag list by design
   BUILD=($WASM_CARGO build $WASM_CARGO_FLAGS)
 else
@@ -77,10 +81,13 @@ if [[ $(cat "$NODE_PREFIX/.pins" 2>/dev/null) != "${NODE_TOOLS[*]}" ]]; then
 fi
 WASM_OPT=$SNIPPET_NODE_MODULES/.bin/wasm-opt
 # Rust's wasm32 target enables these features by default; wasm-opt must be told.
-"$WASM_OPT" -Oz --converge --enable-bulk-memory --enable-bulk-memory-opt --enable-sign-ext \
-  --enable-mutable-globals --enable-nontrapping-float-to-int --enable-reference-types \
-  --enable-multivalue "$TMP/tally_client_bg.wasm" -o "$TMP/opt.wasm"
-mv "$TMP/opt.wasm" "$TMP/tally_client_bg.wasm"
+FEATURES=(--enable-bulk-memory --enable-bulk-memory-opt --enable-sign-ext --enable-mutable-globals
+  --enable-nontrapping-float-to-int --enable-reference-types --enable-multivalue)
+"$WASM_OPT" -Oz --converge "${FEATURES[@]}" "$TMP/tally_client_bg.wasm" -o "$TMP/opt.wasm"
+# One-letter import, export and module names (wasm-bindgen's import names carry a 16-hex hash
+# each); the mapping goes to names.json, which assemble-snippet.mjs applies to the glue.
+"$WASM_OPT" "${FEATURES[@]}" --minify-imports-and-exports-and-modules "$TMP/opt.wasm" \
+  -o "$TMP/tally_client_bg.wasm" > "$TMP/names.json"
 
 # --- 5. assemble into static/ -----------------------------------------------------------
 node "$ROOT/scripts/assemble-snippet.mjs" "$TMP" "$ROOT/client-wasm/js" "$OUT"
