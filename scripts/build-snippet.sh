@@ -83,11 +83,21 @@ WASM_OPT=$SNIPPET_NODE_MODULES/.bin/wasm-opt
 # Rust's wasm32 target enables these features by default; wasm-opt must be told.
 FEATURES=(--enable-bulk-memory --enable-bulk-memory-opt --enable-sign-ext --enable-mutable-globals
   --enable-nontrapping-float-to-int --enable-reference-types --enable-multivalue)
+# Exports the trimmed glue never calls (assemble-snippet.mjs drops wasm-bindgen's
+# free-on-exception and realloc paths): removing them lets -Oz delete the code behind them.
+for unused in __wbindgen_free __wbindgen_realloc __abort_handler __instance_terminated; do
+  "$WASM_OPT" "${FEATURES[@]}" --remove-exports="$unused" "$TMP/tally_client_bg.wasm" -o "$TMP/opt.wasm"
+  mv "$TMP/opt.wasm" "$TMP/tally_client_bg.wasm"
+done
 "$WASM_OPT" -Oz --converge "${FEATURES[@]}" "$TMP/tally_client_bg.wasm" -o "$TMP/opt.wasm"
 # One-letter import, export and module names (wasm-bindgen's import names carry a 16-hex hash
 # each); the mapping goes to names.json, which assemble-snippet.mjs applies to the glue.
+# The target_features section has served its purpose (wasm-bindgen read it): drop it, and run
+# -Oz once more over the renamed module.
 "$WASM_OPT" "${FEATURES[@]}" --minify-imports-and-exports-and-modules "$TMP/opt.wasm" \
-  -o "$TMP/tally_client_bg.wasm" > "$TMP/names.json"
+  -o "$TMP/min.wasm" > "$TMP/names.json"
+"$WASM_OPT" "${FEATURES[@]}" --strip-target-features -Oz --converge "$TMP/min.wasm" \
+  -o "$TMP/tally_client_bg.wasm"
 
 # --- 5. assemble into static/ -----------------------------------------------------------
 node "$ROOT/scripts/assemble-snippet.mjs" "$TMP" "$ROOT/client-wasm/js" "$OUT"
