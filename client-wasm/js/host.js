@@ -13,6 +13,12 @@ function tallyCall(f, a, b, c, d) {
 function tallyArea(a) {
   return a ? sessionStorage : localStorage
 }
+// Retry-After as a wait in ms: delay-seconds, or an HTTP-date in any of its three forms
+// (Date.parse reads IMF-fixdate, RFC 850 and asctime; asctime carries no zone, so GMT is
+// added). Absent, unreadable (NaN) or past (negative): the module treats all as 0.
+function tallyWait(h) {
+  return h == null ? 0 : /^\s*\d+\s*$/.test(h) ? h * 1e3 : Date.parse(/gmt/i.test(h) ? h : h + ' GMT') - Date.now()
+}
 export function now() {
   return Date.now()
 }
@@ -32,7 +38,7 @@ export function send(u, b, k) {
   try {
     if (!k) return navigator.sendBeacon(u, b);
     fetch(u, { method: 'POST', body: b, keepalive: true, credentials: 'omit' })
-      .then(r => r.text().then(t => tallyCall(done, k, r.status, r.headers.get('Retry-After'), t)),
+      .then(r => r.text().then(t => tallyCall(done, k, r.status, tallyWait(r.headers.get('Retry-After')), t)),
         () => tallyCall(done, k, 0))
   } catch (e) {
     // No fetch, or its keepalive quota is used up: fall back to a beacon, outcome unknown (1).

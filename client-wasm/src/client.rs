@@ -234,14 +234,9 @@ impl<H: Host> Client<H> {
     }
 
     /// The answer to send number `token`: `status` 0 for a network error, 1 for a beacon
-    /// hand-off, else the HTTP status, with the `Retry-After` value and body when present.
-    pub fn answer(
-        &mut self,
-        token: u32,
-        status: u16,
-        retry_after: Option<&str>,
-        body: Option<&str>,
-    ) {
+    /// hand-off, else the HTTP status, with the `Retry-After` wait in ms (0 when none) and
+    /// the body when present.
+    pub fn answer(&mut self, token: u32, status: u16, retry_after_ms: u64, body: Option<&str>) {
         let Some(pos) = self.flights.iter().position(|f| f.0 == token) else {
             return;
         };
@@ -253,7 +248,7 @@ impl<H: Host> Client<H> {
             let jitter = self.random_u32();
             if let Some(e) = q.iter_mut().find(|e| e.id == id) {
                 e.attempts = e.attempts.saturating_add(1);
-                e.due = now + retry::next_delay_ms(e.attempts, jitter, retry_after, now);
+                e.due = now + retry::next_delay_ms(e.attempts, jitter, retry_after_ms);
             }
         } else {
             queue::remove(&mut q, &id);

@@ -3,7 +3,7 @@
 //!
 //! Contract:
 //! - Exports `start(site, api, flags)` (once), `cmd(kind, name, dedupe)` (each
-//!   `window.tally(...)` call), `done(token, status, retry_after, body)` (a fetch finished),
+//!   `window.tally(...)` call), `done(token, status, retry_after_ms, body)` (a fetch finished),
 //!   `tick()` (a timer fired), `nav(kind)` (0 push, 1 replace, 2 popstate) and `hide()`
 //!   (the page is being hidden).
 //! - The one client lives in a module-level cell: the WebAssembly instance is the state holder
@@ -113,8 +113,10 @@ pub fn cmd(kind: &str, name: Option<String>, dedupe: Option<String>) {
 
 /// The outcome of a send (see `Client::answer`).
 #[wasm_bindgen]
-pub fn done(token: u32, status: u16, retry_after: Option<String>, body: Option<String>) {
-    with_client(|c| c.answer(token, status, retry_after.as_deref(), body.as_deref()));
+/// `retry_after_ms` is the `Retry-After` wait as `js/host.js` read it (NaN, negative or absent
+/// when none: all mean 0).
+pub fn done(token: u32, status: u16, retry_after_ms: f64, body: Option<String>) {
+    with_client(|c| c.answer(token, status, retry_after_ms as u64, body.as_deref()));
 }
 
 /// A timer fired.

@@ -94,16 +94,30 @@ test('the next page load delivers what an earlier page left queued', async () =>
   }
 });
 
-for (const form of ['seconds', 'HTTP-date']) {
+// Retry-After in each form HTTP allows: delay-seconds and the three HTTP-date forms (js/host.js
+// hands dates to the browser's Date.parse; asctime carries no zone and means GMT).
+const retryAfter = {
+  seconds: (wait) => String(wait),
+  'HTTP-date': (wait) => new Date(Date.now() + (wait + 1) * 1000).toUTCString(),
+  'RFC 850 date': (wait) => {
+    const d = new Date(Date.now() + (wait + 1) * 1000), [, dd, mon, yyyy, time] = d.toUTCString().replace(',', '').split(' ');
+    return `${d.toLocaleDateString('en-US', { weekday: 'long', timeZone: 'UTC' })}, ${dd}-${mon}-${yyyy.slice(2)} ${time} GMT`;
+  },
+  'asctime date': (wait) => {
+    const [wd, dd, mon, yyyy, time] = new Date(Date.now() + (wait + 1) * 1000).toUTCString().replace(',', '').split(' ');
+    return `${wd} ${mon} ${String(+dd).padStart(2, ' ')} ${time} ${yyyy}`;
+  },
+};
+for (const form of Object.keys(retryAfter)) {
   test(`collector answers 429 with Retry-After (${form}): the client waits, then delivers once`, async () => {
-    const tally = await startTally({ db: `${dir}/throttle-${form}.sqlite` });
+    const siteId = `throttle-${form.split(/[ -]/)[0].toLowerCase()}`;
+    const tally = await startTally({ db: `${dir}/${siteId}.sqlite` });
     const wait = 2;
     const proxy = await startProxy(tally.url, (req, body, n) => n === 1 && {
       status: 429,
-      headers: { 'retry-after': form === 'seconds' ? String(wait) : new Date(Date.now() + (wait + 1) * 1000).toUTCString() },
+      headers: { 'retry-after': retryAfter[form](wait) },
       body: '{"error":"rate_limited","message":"slow down"}',
     });
-    const siteId = `throttle-${form === 'seconds' ? 's' : 'd'}`;
     site.pages[`/${siteId}/a`] = ownCdn({ site: siteId, api: proxy.url });
     const { context } = await newProfile(browser);
     try {

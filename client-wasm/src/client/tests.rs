@@ -118,8 +118,8 @@ impl World {
         std::mem::take(&mut self.host().sends)
     }
 
-    fn answer(&mut self, token: u32, status: u16, retry_after: Option<&str>, body: Option<&str>) {
-        self.client.answer(token, status, retry_after, body);
+    fn answer(&mut self, token: u32, status: u16, retry_after_ms: u64, body: Option<&str>) {
+        self.client.answer(token, status, retry_after_ms, body);
     }
 
     fn queue(&mut self) -> Vec<Entry> {
@@ -193,7 +193,7 @@ fn first_page_view_is_queued_then_sent_with_ids_and_cache_buster() {
 fn a_success_empties_the_queue_and_nothing_is_resent() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let token = w.sends()[0].2;
-    w.answer(token, 200, None, Some(r#"{"status":"accepted"}"#));
+    w.answer(token, 200, 0, Some(r#"{"status":"accepted"}"#));
     assert!(w.queue().is_empty());
     w.advance(60 * 60 * 1000);
     assert!(w.sends().is_empty());
@@ -238,7 +238,7 @@ fn throwing_storage_everywhere_falls_back_to_memory_and_still_counts() {
         "an in-memory id still counts the visitor for this page"
     );
     // Retries still work from memory.
-    w.answer(sends[0].2, 0, None, None);
+    w.answer(sends[0].2, 0, 0, None);
     w.advance(retry::CAP_MS);
     let again = w.sends();
     assert_eq!(again.len(), 1);
@@ -252,7 +252,7 @@ fn storage_none_writes_nothing_and_sends_a_null_visitor() {
     assert_eq!(field(&sends[0].1, "visitor_id"), Some("null"));
     assert!(w.client.host().areas.iter().all(HashMap::is_empty));
     // The queue still retries within the page.
-    w.answer(sends[0].2, 503, Some("1"), None);
+    w.answer(sends[0].2, 503, 1_000, None);
     assert!(w.client.host().areas.iter().all(HashMap::is_empty));
     w.advance(retry::CAP_MS);
     assert_eq!(w.sends()[0].1, sends[0].1);
@@ -262,7 +262,7 @@ fn storage_none_writes_nothing_and_sends_a_null_visitor() {
 fn network_error_is_retried_with_backoff_keeping_the_event_id() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, STATUS_NETWORK_ERROR, None, None);
+    w.answer(first.2, STATUS_NETWORK_ERROR, 0, None);
     let q = w.queue();
     assert_eq!(q[0].attempts, 1);
     let wait = q[0].due - T0;
@@ -278,7 +278,7 @@ fn network_error_is_retried_with_backoff_keeping_the_event_id() {
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].1, first.1, "byte-identical body, same event id");
     assert_ne!(second[0].0, first.0, "a fresh cache buster");
-    w.answer(second[0].2, 200, None, Some(r#"{"status":"duplicate"}"#));
+    w.answer(second[0].2, 200, 0, Some(r#"{"status":"duplicate"}"#));
     assert!(w.queue().is_empty());
 }
 
@@ -289,7 +289,7 @@ fn retry_after_seconds_is_honoured() {
     w.answer(
         first.2,
         429,
-        Some("30"),
+        30_000,
         Some(r#"{"error":"rate_limited","message":"x"}"#),
     );
     assert_eq!(w.queue()[0].due, T0 + 30_000);
@@ -300,12 +300,11 @@ fn retry_after_seconds_is_honoured() {
 }
 
 #[test]
-fn retry_after_http_date_is_honoured() {
+fn retry_after_is_capped_at_a_day() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
-    // T0 = 2025-06-15T15:06:40Z; ask for 15:07:00.
-    w.answer(first.2, 503, Some("Sun, 15 Jun 2025 15:07:00 GMT"), None);
-    assert_eq!(w.queue()[0].due, T0 + 20_000);
+    w.answer(first.2, 503, u64::MAX, None);
+    assert_eq!(w.queue()[0].due, T0 + retry::MAX_RETRY_AFTER_MS);
 }
 
 #[test]
@@ -313,12 +312,7 @@ fn permanent_refusals_are_dropped_not_retried() {
     for status in [400u16, 403, 413, 422] {
         let mut w = World::start(fake("https://blog.example/"), 0);
         let first = w.sends().remove(0);
-        w.answer(
-            first.2,
-            status,
-            None,
-            Some(r#"{"error":"bad","message":"x"}"#),
-        );
+        w.answer(first.2, status, 0, Some(r#"{"error":"bad","message":"x"}"#));
         assert!(w.queue().is_empty(), "{status}");
     }
 }
@@ -327,14 +321,14 @@ fn permanent_refusals_are_dropped_not_retried() {
 fn the_next_page_load_resends_what_the_last_one_left() {
     let mut w = World::start(fake("https://blog.example/a"), 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, 0, None, None);
+    w.answer(first.2, 0, 0, None);
     w.host().now += retry::CAP_MS;
     let mut w = w.reload("https://blog.example/b");
     let sends = w.sends();
     assert_eq!(sends.len(), 2, "the new page view and the old one");
     assert!(sends.iter().any(|s| s.1 == first.1));
     for (_, _, token) in sends {
-        w.answer(token, 200, None, Some(r#"{"status":"accepted"}"#));
+        w.answer(token, 200, 0, Some(r#"{"status":"accepted"}"#));
     }
     assert!(w.queue().is_empty());
 }
@@ -358,7 +352,7 @@ fn counters_are_filled_from_the_page_views_own_answer() {
     let (url, _, token) = w.sends().remove(0);
     assert!(url.ends_with("&counts=1"));
     let body = r#"{"status":"accepted","counts":{"site":{"views":10,"visitors":4,"today":{"views":1,"visitors":1}},"page":{"views":3,"visitors":2,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#;
-    w.answer(token, 200, None, Some(body));
+    w.answer(token, 200, 0, Some(body));
     assert_eq!(w.client.host().fills, vec![(body.to_owned(), true)]);
     // Built from the wire type: the answer the collector sends parses as a HitResponse.
     let parsed: tally_wire::HitResponse = serde_json::from_str(body).expect("wire answer");
@@ -371,11 +365,11 @@ fn counters_survive_a_failed_first_try() {
     f.counters = true;
     let mut w = World::start(f, 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, 0, None, None);
+    w.answer(first.2, 0, 0, None);
     w.advance(retry::BASE_MS);
     let (url, _, token) = w.sends().remove(0);
     assert!(url.ends_with("&counts=1"));
-    w.answer(token, 200, None, Some(r#"{"status":"duplicate","counts":{"site":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"page":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#));
+    w.answer(token, 200, 0, Some(r#"{"status":"duplicate","counts":{"site":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"page":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#));
     assert_eq!(w.client.host().fills.len(), 1);
     assert!(!w.client.host().fills[0].1, "busuanzi off");
 }
@@ -386,11 +380,11 @@ fn only_the_page_views_own_success_fills_counters() {
     f.counters = true;
     let mut w = World::start(f, 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, 429, Some("1"), Some("{}"));
+    w.answer(first.2, 429, 1_000, Some("{}"));
     w.client.command("event", Some("x".into()), None);
     let event = w.sends().remove(0);
     assert!(!event.0.contains("counts"));
-    w.answer(event.2, 200, None, Some("{}"));
+    w.answer(event.2, 200, 0, Some("{}"));
     assert!(w.client.host().fills.is_empty());
 }
 
@@ -480,7 +474,7 @@ fn hide_beacons_only_due_idle_entries() {
         w.client.host().beacons.is_empty(),
         "in flight: its keepalive fetch survives"
     );
-    w.answer(first.2, 0, None, None);
+    w.answer(first.2, 0, 0, None);
     w.client.hide();
     assert!(
         w.client.host().beacons.is_empty(),
@@ -501,7 +495,7 @@ fn hide_beacons_only_due_idle_entries() {
 fn beacon_handoff_is_an_unconfirmed_try() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, STATUS_BEACON, None, None);
+    w.answer(first.2, STATUS_BEACON, 0, None);
     assert_eq!(w.queue()[0].attempts, 1);
 }
 
@@ -513,7 +507,7 @@ fn queue_stays_bounded_while_the_collector_is_down() {
         w.host().now += 1;
     }
     for (_, _, token) in w.sends() {
-        w.answer(token, 0, None, None);
+        w.answer(token, 0, 0, None);
     }
     assert_eq!(w.queue().len(), queue::MAX_ENTRIES);
 }
@@ -522,10 +516,10 @@ fn queue_stays_bounded_while_the_collector_is_down() {
 fn unknown_and_repeated_answers_are_ignored() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
-    w.answer(first.2 + 100, 200, None, None);
+    w.answer(first.2 + 100, 200, 0, None);
     assert_eq!(w.queue().len(), 1);
-    w.answer(first.2, 200, None, Some("not json"));
-    w.answer(first.2, 0, None, None);
+    w.answer(first.2, 200, 0, Some("not json"));
+    w.answer(first.2, 0, 0, None);
     assert!(w.queue().is_empty());
 }
 
@@ -553,7 +547,7 @@ fn storage_full_after_the_start_keeps_the_queue_in_memory() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
     w.host().full = true;
-    w.answer(first.2, 0, None, None);
+    w.answer(first.2, 0, 0, None);
     w.advance(retry::CAP_MS);
     let again = w.sends();
     assert_eq!(again.len(), 1, "the failed hit is still retried");
