@@ -55,6 +55,13 @@ export function later(ms) {
 export function page(r) {
   return r ? document.referrer : location.href
 }
+// Is the page still at URL u: the same path (p), or the same URL but for the fragment?
+export function same(u, p) {
+  try {
+    const a = new URL(u), b = location;
+    return p ? a.pathname == b.pathname : a.href.split('#')[0] == b.href.split('#')[0]
+  } catch (e) { return false }
+}
 export function want(z) {
   return document.readyState == 'loading' || !!document.querySelector('[data-tally]' + (z ? ',[id^=busuanzi_]' : ''))
 }

@@ -23,7 +23,7 @@
 //!   (`?counts=1`), asked for only when the page has (or may still get) counter elements.
 
 use crate::json::{self, push_u64};
-use crate::queue::{self, Entry};
+use crate::queue::{self, Head};
 use crate::{ids, retry};
 use tally_wire::{Hit, MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
 
@@ -72,6 +72,9 @@ pub trait Host {
     fn schedule(&mut self, delay_ms: u32);
     /// The page's current URL.
     fn href(&self) -> String;
+    /// Whether the page's current URL is `url`'s page: the same path when `path_only`, else
+    /// the same URL but for the fragment (compared by the browser's URL parser).
+    fn same_page(&self, url: &str, path_only: bool) -> bool;
     /// The page's referrer (`document.referrer`), empty when none.
     fn referrer(&self) -> String;
     /// Whether the page has counter elements, or may still get some (still parsing).
@@ -190,7 +193,7 @@ impl<H: Host> Client<H> {
         if auto {
             client.page_view(None);
         }
-        client.pump();
+        client.tick();
         client
     }
 
@@ -218,16 +221,11 @@ impl<H: Host> Client<H> {
         }
     }
 
-    /// A history change: counts a page view when the URL changed as [`Navigation`] says.
+    /// A history change: counts a page view when the URL changed as [`Navigation`] says:
+    /// its path for `replaceState`, else anything but its fragment. The browser's URL parser
+    /// compares ([`Host::same_page`]).
     pub fn navigate(&mut self, how: Navigation) {
-        let url = self.host.href();
-        let changed = match how {
-            Navigation::Replace => path(&url) != path(&self.page),
-            Navigation::Push | Navigation::Pop => {
-                without_fragment(&url) != without_fragment(&self.page)
-            }
-        };
-        if changed {
+        if !self.host.same_page(&self.page, how == Navigation::Replace) {
             let previous = std::mem::take(&mut self.page);
             self.page_view(Some(previous));
         }
@@ -241,53 +239,34 @@ impl<H: Host> Client<H> {
             return;
         };
         let (_, id) = self.flights.swap_remove(pos);
-        let now = self.host.now_ms();
-        let mut q = self.load_queue();
         let retry = matches!(status, 0 | 1 | 408 | 425 | 429 | 500..=599);
-        if retry {
-            let jitter = self.random_u32();
-            if let Some(e) = q.iter_mut().find(|e| e.id == id) {
-                e.attempts = e.attempts.saturating_add(1);
-                e.due = now + retry::next_delay_ms(e.attempts, jitter, retry_after_ms);
-            }
+        // A retried entry waits at least `Retry-After`; a settled one (u64::MAX) leaves.
+        let wait = if retry {
+            retry_after_ms.min(retry::MAX_RETRY_AFTER_MS)
         } else {
-            queue::remove(&mut q, &id);
-            if (200..300).contains(&status) && self.counts_for.as_deref() == Some(id.as_str()) {
-                self.counts_for = None;
-                if let Some(body) = body {
-                    self.host.fill(body, self.opts.busuanzi);
-                }
+            u64::MAX
+        };
+        self.pass(String::new(), false, &id, wait);
+        if !retry && (200..300).contains(&status) && self.counts_for.as_deref() == Some(id.as_str())
+        {
+            self.counts_for = None;
+            if let Some(body) = body {
+                self.host.fill(body, self.opts.busuanzi);
             }
         }
-        self.save_queue(&q);
-        self.pump();
     }
 
     /// A timer set through [`Host::schedule`] fired: sends what is due.
     pub fn tick(&mut self) {
         self.timer_at = 0;
-        self.pump();
+        self.pass(String::new(), false, "", 0);
     }
 
     /// The page is being hidden or closed: hands every due, unsent hit to `sendBeacon`, the
     /// one way a request survives the page. The hits stay queued (a beacon has no answer)
     /// with a backoff, so a later page confirms them; the collector dedupes the repeat.
     pub fn hide(&mut self) {
-        let now = self.host.now_ms();
-        let mut q = self.load_queue();
-        let url = self.endpoint(now, false);
-        let mut changed = false;
-        for e in &mut q {
-            if e.due <= now && !self.in_flight(&e.id) && self.host.beacon(&url, &e.body) {
-                let jitter = self.random_u32();
-                e.attempts = e.attempts.saturating_add(1);
-                e.due = now + retry::backoff_ms(e.attempts, jitter);
-                changed = true;
-            }
-        }
-        if changed {
-            self.save_queue(&q);
-        }
+        self.pass(String::new(), true, "", 0);
     }
 
     fn pick_store(&mut self) -> Store {
@@ -318,12 +297,6 @@ impl<H: Host> Client<H> {
             self.host.save(area, VISITOR_KEY, &id);
         }
         id
-    }
-
-    fn random_u32(&self) -> u32 {
-        let mut b = [0u8; 4];
-        self.host.random(&mut b);
-        u32::from_le_bytes(b)
     }
 
     fn page_view(&mut self, referrer: Option<String>) {
@@ -366,80 +339,81 @@ impl<H: Host> Client<H> {
         if counts {
             self.counts_for = Some(id.clone());
         }
-        let mut q = self.load_queue();
-        let entry = Entry {
-            due: now + LEASE_MS,
+        // Due now: the pass below sends it (after anything older that is due).
+        let head = Head {
+            due: now,
             attempts: 0,
             born: now,
-            id: id.clone(),
-            body,
         };
-        let body = entry.body.clone();
-        queue::push(&mut q, entry, now);
-        self.save_queue(&q);
-        self.dispatch(id, &body, counts, now);
+        let mut queued = self.load_queue();
+        queue::line(&mut queued, head, &id, &body);
+        self.pass(queued, false, "", 0);
     }
 
-    /// Sends every due entry not already awaiting an answer, then sets the next timer.
-    fn pump(&mut self) {
+    /// One pass over the queue (`text`, or the stored one when empty): the entry with event id
+    /// `settled` (if any) leaves when `wait` is `u64::MAX`, else it counts a failed try and
+    /// waits its backoff, at least `wait` ms; then every due entry not awaiting an answer is
+    /// sent (leased for [`LEASE_MS`]) or, when `hiding`, beaconed (an unconfirmed try, backed
+    /// off); the queue is saved and the timer set for the next due entry.
+    fn pass(&mut self, text: String, hiding: bool, settled: &str, wait: u64) {
         let now = self.host.now_ms();
-        let mut q = self.load_queue();
-        queue::prune(&mut q, now);
-        let mut due = Vec::new();
-        for e in &mut q {
-            if e.due <= now && !self.flights.iter().any(|f| f.1 == e.id) {
-                e.due = now + LEASE_MS;
-                due.push((e.id.clone(), e.body.clone()));
+        let text = if text.is_empty() {
+            self.load_queue()
+        } else {
+            text
+        };
+        let mut next = u64::MAX;
+        let text = queue::edit(&text, now, |h, id, body| {
+            if id == settled {
+                if wait == u64::MAX {
+                    return false;
+                }
+                h.attempts = h.attempts.saturating_add(1);
+                h.due = now + retry::next_delay_ms(h.attempts, random_u32(&self.host), wait);
             }
-        }
-        self.save_queue(&q);
-        for (id, body) in due {
-            let counts = self.counts_for.as_deref() == Some(id.as_str());
-            self.dispatch(id, &body, counts, now);
-        }
-        if let Some(at) = queue::next_due(&q, |id| self.in_flight(id))
-            && (self.timer_at == 0 || at < self.timer_at)
-        {
-            self.timer_at = at;
-            let delay = at.saturating_sub(now).min(i32::MAX as u64) as u32;
+            if self.flights.iter().any(|f| f.1 == id) {
+                return true;
+            }
+            if h.due <= now {
+                let counts = !hiding && self.counts_for.as_deref() == Some(id);
+                let mut url = self.opts.api.clone();
+                url.push_str("/api/v1/hit?t=");
+                push_u64(&mut url, now);
+                if counts {
+                    url.push_str("&counts=1");
+                }
+                if !hiding {
+                    let token = self.next_token;
+                    self.next_token = token.wrapping_add(1);
+                    self.flights.push((token, id.into()));
+                    self.host.send(&url, body, token);
+                    h.due = now + LEASE_MS;
+                    return true;
+                }
+                if self.host.beacon(&url, body) {
+                    h.attempts = h.attempts.saturating_add(1);
+                    h.due = now + retry::backoff_ms(h.attempts, random_u32(&self.host));
+                }
+            }
+            next = next.min(h.due);
+            true
+        });
+        self.save_queue(text);
+        if next < u64::MAX && (self.timer_at == 0 || next < self.timer_at) {
+            self.timer_at = next;
+            let delay = next.saturating_sub(now).min(i32::MAX as u64) as u32;
             self.host.schedule(delay);
         }
     }
 
-    fn dispatch(&mut self, id: String, body: &str, counts: bool, now: u64) {
-        let token = self.next_token;
-        self.next_token = self.next_token.wrapping_add(1);
-        self.flights.push((token, id));
-        let url = self.endpoint(now, counts);
-        self.host.send(&url, body, token);
-    }
-
-    fn in_flight(&self, id: &str) -> bool {
-        self.flights.iter().any(|f| f.1 == id)
-    }
-
-    /// `{api}/api/v1/hit?t=<ms>[&counts=1]`; `t` defeats caches and proxies.
-    fn endpoint(&self, now: u64, counts: bool) -> String {
-        let mut url = self.opts.api.clone();
-        url.push_str("/api/v1/hit?t=");
-        push_u64(&mut url, now);
-        if counts {
-            url.push_str("&counts=1");
-        }
-        url
-    }
-
-    fn load_queue(&self) -> Vec<Entry> {
+    fn load_queue(&self) -> String {
         match self.store {
-            Store::Area(area) => {
-                queue::decode(&self.host.load(area, QUEUE_KEY).unwrap_or_default())
-            }
-            Store::Memory => queue::decode(&self.memory),
+            Store::Area(area) => self.host.load(area, QUEUE_KEY).unwrap_or_default(),
+            Store::Memory => self.memory.clone(),
         }
     }
 
-    fn save_queue(&mut self, q: &[Entry]) {
-        let text = queue::encode(q);
+    fn save_queue(&mut self, text: String) {
         if let Store::Area(area) = self.store
             && self.host.save(area, QUEUE_KEY, &text)
         {
@@ -451,35 +425,19 @@ impl<H: Host> Client<H> {
     }
 }
 
+/// Four random bytes as a number (backoff jitter).
+fn random_u32(host: &impl Host) -> u32 {
+    let mut b = [0u8; 4];
+    host.random(&mut b);
+    u32::from_le_bytes(b)
+}
+
 /// Cuts the query and fragment off an over-long URL (the page key is the path anyway).
 fn clip(url: String) -> String {
     if url.len() <= MAX_URL_CHARS {
         return url;
     }
     before(&url, |b| b == b'?' || b == b'#').to_owned()
-}
-
-/// The URL without its fragment.
-fn without_fragment(url: &str) -> &str {
-    before(url, |b| b == b'#')
-}
-
-/// The URL's path: after the authority, before the query or fragment.
-fn path(url: &str) -> &str {
-    let bytes = url.as_bytes();
-    // Skip "scheme://", then the authority up to the first '/', '?' or '#'.
-    let scheme_end = bytes
-        .windows(3)
-        .position(|w| w == b"://")
-        .map_or(0, |i| i + 3);
-    let rest = &url[scheme_end..];
-    let start = rest
-        .bytes()
-        .position(|b| b == b'/' || b == b'?' || b == b'#');
-    match start {
-        Some(i) if rest.as_bytes()[i] == b'/' => before(&rest[i..], |b| b == b'?' || b == b'#'),
-        _ => "",
-    }
 }
 
 /// `s` up to (not including) the first byte that `stop` matches. Cuts only at ASCII bytes,

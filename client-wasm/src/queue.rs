@@ -1,68 +1,120 @@
-//! The bounded outbox of hits not yet confirmed by the collector, and its storage encoding.
+//! The bounded outbox of hits not yet confirmed by the collector, kept and edited as its
+//! stored text.
 //!
 //! Contract:
 //! - Every hit enters the queue *before* it is first sent and leaves it only when the
 //!   collector has answered it (2xx, or a 4xx that retrying cannot fix). A hit whose page
 //!   closed mid-flight is therefore sent again on the next page load; the collector dedupes
 //!   it by its event id, which never changes.
-//! - Bounded: at most [`MAX_ENTRIES`] entries (the oldest are dropped first), and an entry
-//!   older than [`MAX_AGE_MS`] is dropped because the collector would refuse its event id.
-//! - [`encode`]/[`decode`] give a plain-text form for `localStorage`: one entry per line,
+//! - Bounded: at most [`MAX_ENTRIES`] entries (beyond that the first queued, i.e. oldest, are
+//!   dropped), and an entry older than [`MAX_AGE_MS`] is dropped because the collector would
+//!   refuse its event id.
+//! - The stored form (`localStorage`) is plain text, one entry per line:
 //!   `due attempts born event_id body`. The body is compact JSON (it never holds a raw
-//!   newline), so it is stored and resent byte for byte. Malformed lines are skipped, never
-//!   fatal: storage is shared with other scripts and other tabs.
+//!   newline), so it is stored and resent byte for byte. New entries are appended ([`line`]),
+//!   so line order is queueing order. Malformed lines are skipped, never fatal: storage is
+//!   shared with other scripts and other tabs.
+//! - The queue is never decoded into owned entries: [`edit`] rewrites the text in one pass,
+//!   offering each entry's [`Head`] (the mutable numbers) with its id and body as slices of
+//!   the stored text. That one pass is how the client sends, settles, retries and beacons.
 
 use crate::json::push_u64;
 
-/// Most entries kept; older ones are dropped first.
+/// Most entries kept; the first queued are dropped first.
 pub const MAX_ENTRIES: usize = 20;
 /// Oldest entry kept: just under the collector's default 72 h event-id window.
 pub const MAX_AGE_MS: u64 = 71 * 60 * 60 * 1_000;
 
-/// One hit waiting for a confirmed delivery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+/// The numbers of one queued hit, the part of an entry that changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
     /// Earliest time (Unix ms) the next try may start.
     pub due: u64,
     /// Failed (or unconfirmed) tries so far; drives the backoff.
     pub attempts: u32,
     /// When the hit was made (Unix ms); drives expiry.
     pub born: u64,
+}
+
+/// One queued hit, owned: for inspecting a queue in tests ([`decode`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Its numbers.
+    pub head: Head,
     /// The hit's event id: the queue's key, and the collector's dedupe key.
     pub id: String,
     /// The exact JSON body to send.
     pub body: String,
 }
 
-/// Reads the stored form, skipping lines that do not parse.
-pub fn decode(text: &str) -> Vec<Entry> {
-    let mut entries = Vec::new();
+/// Appends one entry's line to `out`.
+pub fn line(out: &mut String, h: Head, id: &str, body: &str) {
+    for n in [h.due, u64::from(h.attempts), h.born] {
+        push_u64(out, n);
+        out.push(' ');
+    }
+    out.push_str(id);
+    out.push(' ');
+    out.push_str(body);
+    out.push('\n');
+}
+
+/// Rewrites the stored queue: drops malformed and expired lines, offers each entry to `f`
+/// (which may change its [`Head`], or drop it by returning false), and keeps at most
+/// [`MAX_ENTRIES`], the last queued.
+pub fn edit(text: &str, now_ms: u64, mut f: impl FnMut(&mut Head, &str, &str) -> bool) -> String {
+    let mut out = String::new();
+    let mut lines = 0;
     let mut rest = text;
     while !rest.is_empty() {
-        let (line, tail) = cut(rest, b'\n');
-        rest = tail;
-        if let Some(e) = decode_line(line) {
-            entries.push(e);
+        let l;
+        (l, rest) = cut(rest, b'\n');
+        if let Some((mut h, id, body)) = parse(l)
+            && now_ms.saturating_sub(h.born) < MAX_AGE_MS
+            && f(&mut h, id, body)
+        {
+            line(&mut out, h, id, body);
+            lines += 1;
         }
     }
+    // Drop the first queued beyond the bound.
+    let mut kept = out.as_str();
+    while lines > MAX_ENTRIES {
+        kept = cut(kept, b'\n').1;
+        lines -= 1;
+    }
+    kept.into()
+}
+
+/// Reads the stored form into owned entries (tests and diagnostics; the client uses [`edit`]).
+pub fn decode(text: &str) -> Vec<Entry> {
+    let mut entries = Vec::new();
+    edit(text, 0, |&mut head, id, body| {
+        entries.push(Entry {
+            head,
+            id: id.into(),
+            body: body.into(),
+        });
+        true
+    });
     entries
 }
 
-fn decode_line(line: &str) -> Option<Entry> {
-    let (due, rest) = cut(line, b' ');
-    let (attempts, rest) = cut(rest, b' ');
-    let (born, rest) = cut(rest, b' ');
-    let (id, body) = cut(rest, b' ');
+/// One line: `due attempts born id {body`, else `None`.
+fn parse(l: &str) -> Option<(Head, &str, &str)> {
+    let (due, l) = cut(l, b' ');
+    let (attempts, l) = cut(l, b' ');
+    let (born, l) = cut(l, b' ');
+    let (id, body) = cut(l, b' ');
     if id.is_empty() || !body.starts_with('{') {
         return None;
     }
-    Some(Entry {
+    let head = Head {
         due: number(due)?,
         attempts: u32::try_from(number(attempts)?).ok()?,
         born: number(born)?,
-        id: id.to_owned(),
-        body: body.to_owned(),
-    })
+    };
+    Some((head, id, body))
 }
 
 /// Splits at the first `sep` (an ASCII byte, so the cut is on a char boundary); the whole
@@ -84,77 +136,42 @@ fn number(s: &str) -> Option<u64> {
     })
 }
 
-/// Writes the stored form.
-pub fn encode(entries: &[Entry]) -> String {
-    let mut out = String::new();
-    for e in entries {
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        push_u64(&mut out, e.due);
-        out.push(' ');
-        push_u64(&mut out, u64::from(e.attempts));
-        out.push(' ');
-        push_u64(&mut out, e.born);
-        out.push(' ');
-        out.push_str(&e.id);
-        out.push(' ');
-        out.push_str(&e.body);
-    }
-    out
-}
-
-/// Removes the entry with this event id, if any.
-pub fn remove(entries: &mut Vec<Entry>, id: &str) {
-    entries.retain(|e| e.id != id);
-}
-
-/// Adds `entry`, replacing one with the same id, then enforces the bounds.
-pub fn push(entries: &mut Vec<Entry>, entry: Entry, now_ms: u64) {
-    remove(entries, &entry.id);
-    entries.push(entry);
-    prune(entries, now_ms);
-}
-
-/// Drops expired entries and, beyond [`MAX_ENTRIES`], the oldest ones.
-pub fn prune(entries: &mut Vec<Entry>, now_ms: u64) {
-    entries.retain(|e| now_ms.saturating_sub(e.born) < MAX_AGE_MS);
-    while entries.len() > MAX_ENTRIES {
-        let mut oldest = 0;
-        for (i, e) in entries.iter().enumerate() {
-            if e.born < entries[oldest].born {
-                oldest = i;
-            }
-        }
-        entries.remove(oldest);
-    }
-}
-
-/// Earliest `due` among entries that `busy` does not exclude.
-pub fn next_due(entries: &[Entry], busy: impl Fn(&str) -> bool) -> Option<u64> {
-    entries.iter().filter(|e| !busy(&e.id)).map(|e| e.due).min()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entry(id: &str, born: u64) -> Entry {
-        Entry {
+    fn head(born: u64) -> Head {
+        Head {
             due: born + 5,
             attempts: 1,
             born,
-            id: id.into(),
-            body: format!("{{\"e\":\"{id} x\"}}"),
         }
+    }
+
+    fn text(entries: &[(&str, u64)]) -> String {
+        let mut out = String::new();
+        for &(id, born) in entries {
+            line(&mut out, head(born), id, &format!("{{\"e\":\"{id} x\"}}"));
+        }
+        out
     }
 
     #[test]
     fn round_trips_through_text() {
-        let entries = vec![entry("a", 1), entry("b", 2)];
-        let text = encode(&entries);
-        assert_eq!(text, "6 1 1 a {\"e\":\"a x\"}\n7 1 2 b {\"e\":\"b x\"}");
-        assert_eq!(decode(&text), entries);
+        let t = text(&[("a", 1), ("b", 2)]);
+        assert_eq!(t, "6 1 1 a {\"e\":\"a x\"}\n7 1 2 b {\"e\":\"b x\"}\n");
+        let q = decode(&t);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q[1].head, head(2));
+        assert_eq!(
+            (q[1].id.as_str(), q[1].body.as_str()),
+            ("b", "{\"e\":\"b x\"}")
+        );
+        assert_eq!(
+            edit(&t, 2, |_, _, _| true),
+            t,
+            "an edit that changes nothing"
+        );
         assert_eq!(decode(""), vec![]);
     }
 
@@ -163,41 +180,40 @@ mod tests {
         let text = "garbage\n6 1 1 a {\"e\":1}\n1 2 3\nx 1 1 b {}\n1 1 1  {}\n1 1 1 c notjson\n\
                     99999999999999999999 1 1 d {}\n1 99999999999 1 e {}\n\n";
         assert_eq!(decode(text).len(), 1);
+        assert_eq!(edit(text, 1, |_, _, _| true), "6 1 1 a {\"e\":1}\n");
     }
 
     #[test]
-    fn push_replaces_same_id() {
-        let mut q = vec![entry("a", 1)];
-        let mut again = entry("a", 1);
-        again.attempts = 3;
-        push(&mut q, again.clone(), 10);
-        assert_eq!(q, vec![again]);
+    fn edit_changes_heads_and_drops_entries() {
+        let t = text(&[("a", 1), ("b", 2), ("c", 3)]);
+        let t = edit(&t, 3, |h, id, _| {
+            h.attempts += u32::from(id == "a");
+            id != "b"
+        });
+        let q = decode(&t);
+        assert_eq!(q.len(), 2);
+        assert_eq!((q[0].id.as_str(), q[0].head.attempts), ("a", 2));
+        assert_eq!((q[1].id.as_str(), q[1].head.attempts), ("c", 1));
     }
 
     #[test]
-    fn bounded_by_count_dropping_oldest() {
-        let mut q = Vec::new();
+    fn bounded_by_count_dropping_the_first_queued() {
+        let mut t = String::new();
         for i in 0..(MAX_ENTRIES as u64 + 5) {
-            push(&mut q, entry(&i.to_string(), 100 - i), 100);
+            line(&mut t, head(i), &i.to_string(), "{}");
+            t = edit(&t, 100, |_, _, _| true);
         }
+        let q = decode(&t);
         assert_eq!(q.len(), MAX_ENTRIES);
-        // born = 100 - i: the five with the largest i were the oldest.
-        assert!(q.iter().all(|e| e.born > 100 - MAX_ENTRIES as u64));
+        // Queued in the order of i: the first five are gone.
+        assert!(q.iter().all(|e| e.head.born >= 5));
     }
 
     #[test]
     fn expired_entries_are_dropped() {
-        let mut q = vec![entry("old", 0), entry("new", MAX_AGE_MS)];
-        prune(&mut q, MAX_AGE_MS);
+        let t = text(&[("old", 0), ("new", MAX_AGE_MS)]);
+        let q = decode(&edit(&t, MAX_AGE_MS, |_, _, _| true));
         assert_eq!(q.len(), 1);
         assert_eq!(q[0].id, "new");
-    }
-
-    #[test]
-    fn next_due_skips_busy_entries() {
-        let q = vec![entry("a", 1), entry("b", 50)];
-        assert_eq!(next_due(&q, |_| false), Some(6));
-        assert_eq!(next_due(&q, |id| id == "a"), Some(55));
-        assert_eq!(next_due(&q, |_| true), None);
     }
 }

@@ -31,6 +31,7 @@ extern "C" {
     fn send(url: &str, body: &str, token: u32) -> bool;
     fn later(ms: u32);
     fn page(referrer: bool) -> String;
+    fn same(url: &str, path_only: bool) -> bool;
     fn want(busuanzi: bool) -> bool;
     fn fill(answer: &str, busuanzi: bool);
     fn listen(spa: bool);
@@ -63,6 +64,9 @@ impl Host for Web {
     }
     fn href(&self) -> String {
         page(false)
+    }
+    fn same_page(&self, url: &str, path_only: bool) -> bool {
+        same(url, path_only)
     }
     fn referrer(&self) -> String {
         page(true)

@@ -85,6 +85,10 @@ test('SPA navigation: pushState and popstate count, replaceState only on a new p
   c = await countsWhere(tally.url, 'spa', '/spa/a', (c) => c.page.views === 2);
   assert.equal(c.site.views, 4);
   assert.equal(c.site.visitors, 1);
+  // The URL comparison is the browser's (js/host.js): a fragment-only change is no new page.
+  await page.evaluate(() => history.pushState({}, '', '/spa/a#top'));
+  await new Promise((r) => setTimeout(r, 500));
+  assert.equal(log.hits.length, 4, 'the fragment-only pushState sent nothing');
   await context.close();
 });
 

@@ -2,6 +2,7 @@
 //! SPA navigation and counters.
 
 use super::*;
+use crate::queue::Entry;
 use std::cell::Cell;
 use std::collections::HashMap;
 
@@ -70,6 +71,13 @@ impl Host for Fake {
     }
     fn href(&self) -> String {
         self.href.clone()
+    }
+    fn same_page(&self, url: &str, path_only: bool) -> bool {
+        if path_only {
+            path(url) == path(&self.href)
+        } else {
+            without_fragment(url) == without_fragment(&self.href)
+        }
     }
     fn referrer(&self) -> String {
         self.referrer.clone()
@@ -264,8 +272,8 @@ fn network_error_is_retried_with_backoff_keeping_the_event_id() {
     let first = w.sends().remove(0);
     w.answer(first.2, STATUS_NETWORK_ERROR, 0, None);
     let q = w.queue();
-    assert_eq!(q[0].attempts, 1);
-    let wait = q[0].due - T0;
+    assert_eq!(q[0].head.attempts, 1);
+    let wait = q[0].head.due - T0;
     assert!(
         (retry::BASE_MS / 2..=retry::BASE_MS).contains(&wait),
         "{wait}"
@@ -292,7 +300,7 @@ fn retry_after_seconds_is_honoured() {
         30_000,
         Some(r#"{"error":"rate_limited","message":"x"}"#),
     );
-    assert_eq!(w.queue()[0].due, T0 + 30_000);
+    assert_eq!(w.queue()[0].head.due, T0 + 30_000);
     w.advance(29_999);
     assert!(w.sends().is_empty());
     w.advance(1);
@@ -304,7 +312,7 @@ fn retry_after_is_capped_at_a_day() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
     w.answer(first.2, 503, u64::MAX, None);
-    assert_eq!(w.queue()[0].due, T0 + retry::MAX_RETRY_AFTER_MS);
+    assert_eq!(w.queue()[0].head.due, T0 + retry::MAX_RETRY_AFTER_MS);
 }
 
 #[test]
@@ -488,7 +496,7 @@ fn hide_beacons_only_due_idle_entries() {
     assert!(!beacons[0].0.contains("counts"));
     let q = w.queue();
     assert_eq!(q.len(), 1, "kept: a beacon has no answer");
-    assert_eq!(q[0].attempts, 2);
+    assert_eq!(q[0].head.attempts, 2);
 }
 
 #[test]
@@ -496,7 +504,7 @@ fn beacon_handoff_is_an_unconfirmed_try() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
     w.answer(first.2, STATUS_BEACON, 0, None);
-    assert_eq!(w.queue()[0].attempts, 1);
+    assert_eq!(w.queue()[0].head.attempts, 1);
 }
 
 #[test]
@@ -532,17 +540,6 @@ fn over_long_urls_lose_their_query() {
 }
 
 #[test]
-fn paths_are_extracted() {
-    assert_eq!(path("https://a.example/x/y?q#f"), "/x/y");
-    assert_eq!(path("https://a.example"), "");
-    assert_eq!(path("https://a.example?q"), "");
-    assert_eq!(
-        without_fragment("https://a.example/x?q#f"),
-        "https://a.example/x?q"
-    );
-}
-
-#[test]
 fn storage_full_after_the_start_keeps_the_queue_in_memory() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
@@ -552,4 +549,30 @@ fn storage_full_after_the_start_keeps_the_queue_in_memory() {
     let again = w.sends();
     assert_eq!(again.len(), 1, "the failed hit is still retried");
     assert_eq!(again[0].1, first.1);
+}
+
+/// The fake browser's URL comparison (the real one is the browser's URL parser): the URL
+/// without its fragment.
+fn without_fragment(url: &str) -> &str {
+    before(url, |b| b == b'#')
+}
+
+/// The fake browser's path of a URL: after the authority, before the query or fragment.
+fn path(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    match rest.find(['/', '?', '#']) {
+        Some(i) if rest.as_bytes()[i] == b'/' => before(&rest[i..], |b| b == b'?' || b == b'#'),
+        _ => "",
+    }
+}
+
+#[test]
+fn fake_url_helpers() {
+    assert_eq!(path("https://a.example/x/y?q#f"), "/x/y");
+    assert_eq!(path("https://a.example"), "");
+    assert_eq!(path("https://a.example?q"), "");
+    assert_eq!(
+        without_fragment("https://a.example/x?q#f"),
+        "https://a.example/x?q"
+    );
 }
