@@ -40,14 +40,13 @@ glue = glue.replace(named, () => hostBody);
 glue = glue.replace(namespace, (_, name) => `const ${name} = { ${exported.join(', ')} };`);
 if (/from ['"]\.\/snippets\//.test(glue)) throw new Error('glue still imports a snippet');
 
-// 2. Trim what the page never uses: initSync (the loader always uses the async default
-//    export) and the exports only host.js calls (so the minifier may rename them). Each
-//    edit must find its target, or the build stops: a new wasm-bindgen needs a look here.
+// 2. Trim what the page never uses. Each edit must find its target, or the build stops: a new
+//    wasm-bindgen needs a look here. (The module has one export, `run`, which the loader and
+//    host.js both call, so it stays exported.)
 const must = (re, by) => {
   if (!re.test(glue)) throw new Error(`glue trim: ${re} not found`);
   glue = glue.replace(re, by);
 };
-for (const internal of ['done', 'tick', 'nav', 'hide']) must(new RegExp(`^export function ${internal}\\(`, 'm'), `function ${internal}(`);
 
 // 3. Replace wasm-bindgen's general-purpose runtime with the small subset this page needs
 //    (~0.8 KB gzip): one instantiation path (a URL from the loader, bytes from the smoke test
@@ -158,5 +157,5 @@ pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../
 // 7. Smoke test: the module instantiates against the glue's imports.
 const mod = await import(join(outDir, glueName));
 await mod.default({ module_or_path: wasm });
-for (const f of ['start', 'cmd']) if (typeof mod[f] !== 'function') throw new Error(`glue lacks ${f}`);
+for (const f of ['run']) if (typeof mod[f] !== 'function') throw new Error(`glue lacks ${f}`);
 console.error(`[snippet] wrote ${outDir}: tally.js, ${glueName}, ${wasmName}, manifest.rs`);

@@ -4,10 +4,10 @@
 /// The loader, served at `/tally.js`.
 pub const LOADER: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally.js"));
 /// File name of the wasm-bindgen glue (content-hashed: immutable).
-pub const GLUE_NAME: &str = "tally-f66b2ced9869.js";
+pub const GLUE_NAME: &str = "tally-0a6c56bf6059.js";
 /// The glue (an ES module with the host functions inlined).
-pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-f66b2ced9869.js"));
+pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-0a6c56bf6059.js"));
 /// File name of the WebAssembly module (content-hashed: immutable).
-pub const WASM_NAME: &str = "tally-57fc3f20662f.wasm";
+pub const WASM_NAME: &str = "tally-6b00fde833b5.wasm";
 /// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-57fc3f20662f.wasm"));
+pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-6b00fde833b5.wasm"));

@@ -2,13 +2,13 @@
 //
 // Contract: each function is imported by src/web.rs. scripts/build-snippet.sh inlines this
 // file into the wasm-bindgen glue (replacing the glue's import of it), so the free names
-// `done`, `tick`, `nav` and `hide` below are the glue's own exports. Nothing here throws:
-// storage errors become null/false, a failed fetch becomes done(token, 0), and every call
+// `run` below is the glue's own export (src/web.rs: the op codes). Nothing here throws:
+// storage errors become null/false, a failed fetch becomes the answer (token, 0), and every call
 // back into the module is wrapped so a fault there cannot reach the page.
 // Full-line comments are stripped at build time; keep the code itself compact.
 
-function tallyCall(f, a, b, c, d) {
-  try { f(a, b, c, d) } catch (e) {}
+function tallyCall(...a) {
+  try { run(...a) } catch (e) {}
 }
 function tallyArea(a) {
   return a ? sessionStorage : localStorage
@@ -33,24 +33,24 @@ export function save(a, k, v) {
 }
 // Token k > 0: fetch with a text/plain body (no CORS preflight), keepalive so it survives
 // navigation, no cookies; the answer is read, so 429/503 + Retry-After and the counters
-// reach the module through done(). Token 0: sendBeacon (page hiding: no answer wanted).
+// reach the module (op 2). Token 0: sendBeacon (page hiding: no answer wanted).
 export function send(u, b, k) {
   try {
     if (!k) return navigator.sendBeacon(u, b);
     fetch(u, { method: 'POST', body: b, keepalive: true, credentials: 'omit' })
-      .then(r => r.text().then(t => tallyCall(done, k, r.status, tallyWait(r.headers.get('Retry-After')), t)),
-        () => tallyCall(done, k, 0))
+      .then(r => r.text().then(t => tallyCall(2, k, r.status, tallyWait(r.headers.get('Retry-After')), t)),
+        () => tallyCall(2, k, 0))
   } catch (e) {
     // No fetch, or its keepalive quota is used up: fall back to a beacon, outcome unknown (1).
     if (k) {
       const ok = send(u, b, 0);
-      setTimeout(() => tallyCall(done, k, ok ? 1 : 0))
+      setTimeout(() => tallyCall(2, k, ok ? 1 : 0))
     }
   }
   return false
 }
 export function later(ms) {
-  setTimeout(() => tallyCall(tick), ms)
+  setTimeout(() => tallyCall(3), ms)
 }
 export function page(r) {
   return r ? document.referrer : location.href
@@ -89,12 +89,12 @@ export function listen(spa) {
       const o = history[m];
       history[m] = function () {
         const r = o.apply(this, arguments);
-        tallyCall(nav, i);
+        tallyCall(5 + i);
         return r
       }
     });
-    addEventListener('popstate', () => tallyCall(nav, 2))
+    addEventListener('popstate', () => tallyCall(7))
   }
-  addEventListener('pagehide', () => tallyCall(hide));
-  document.addEventListener('visibilitychange', () => document.visibilityState == 'hidden' && tallyCall(hide))
+  addEventListener('pagehide', () => tallyCall(4));
+  document.addEventListener('visibilitychange', () => document.visibilityState == 'hidden' && tallyCall(4))
 }

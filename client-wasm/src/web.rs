@@ -2,10 +2,9 @@
 //! loader and host functions call.
 //!
 //! Contract:
-//! - Exports `start(site, api, flags)` (once), `cmd(kind, name, dedupe)` (each
-//!   `window.tally(...)` call), `done(token, status, retry_after_ms, body)` (a fetch finished),
-//!   `tick()` (a timer fired), `nav(kind)` (0 push, 1 replace, 2 popstate) and `hide()`
-//!   (the page is being hidden).
+//! - Exports one entry point, `run(op, n, s, w, a, b, c)`: the start, each `window.tally(...)`
+//!   call, a finished fetch, a timer, a history change and the page hiding, told apart by
+//!   `op` (see [`run`]).
 //! - The one client lives in a module-level cell: the WebAssembly instance is the state holder
 //!   of one page. A call that arrives while the client is busy (a re-entrant call from page
 //!   code) or before `start` is ignored rather than panicking.
@@ -86,62 +85,45 @@ thread_local! {
     static CLIENT: RefCell<Option<Client<Web>>> = const { RefCell::new(None) };
 }
 
-/// Runs `f` on the started client; does nothing before `start` or when re-entered.
-fn with_client(f: impl FnOnce(&mut Client<Web>)) {
+/// The one entry point (one export keeps the glue small). `op` says what happened:
+/// - 0: start, once (`a` site, `b` api, `n` the flag bits of [`Options::new`]);
+/// - 1: a `window.tally(kind, name, {dedupe})` call (`a` kind, `b` name, `c` dedupe);
+/// - 2: a send finished (`n` token, `s` status, `w` the `Retry-After` wait in ms as
+///   `js/host.js` read it — NaN, negative or absent all mean 0 — and `a` the body);
+/// - 3: a timer fired; 4: the page is being hidden or unloaded;
+/// - 5, 6, 7: `history.pushState`, `replaceState`, `popstate`.
+///
+/// Calls before the start, a second start, and re-entrant calls are ignored.
+#[wasm_bindgen]
+pub fn run(
+    op: u32,
+    n: u32,
+    s: u32,
+    w: f64,
+    a: Option<String>,
+    b: Option<String>,
+    c: Option<String>,
+) {
     CLIENT.with(|cell| {
-        if let Ok(mut slot) = cell.try_borrow_mut() {
-            if let Some(client) = slot.as_mut() {
-                f(client);
+        let Ok(mut slot) = cell.try_borrow_mut() else {
+            return;
+        };
+        let Some(client) = slot.as_mut() else {
+            if op == 0 {
+                let opts = Options::new(a.unwrap_or_default(), b.unwrap_or_default(), n);
+                *slot = Some(Client::start(Web, opts));
             }
+            return;
+        };
+        match op {
+            1 => client.command(a.as_deref().unwrap_or_default(), b, c),
+            2 => client.answer(n, s as u16, w as u64, a.as_deref()),
+            3 => client.tick(),
+            4 => client.hide(),
+            5 => client.navigate(Navigation::Push),
+            6 => client.navigate(Navigation::Replace),
+            7 => client.navigate(Navigation::Pop),
+            _ => {}
         }
     });
-}
-
-/// Starts the client once; later calls are ignored.
-#[wasm_bindgen]
-pub fn start(site: String, api: String, flags: u32) {
-    CLIENT.with(|cell| {
-        if let Ok(mut slot) = cell.try_borrow_mut() {
-            if slot.is_none() {
-                *slot = Some(Client::start(Web, Options::new(site, api, flags)));
-            }
-        }
-    });
-}
-
-/// One `window.tally(kind, name, {dedupe})` call.
-#[wasm_bindgen]
-pub fn cmd(kind: &str, name: Option<String>, dedupe: Option<String>) {
-    with_client(|c| c.command(kind, name, dedupe));
-}
-
-/// The outcome of a send (see `Client::answer`).
-#[wasm_bindgen]
-/// `retry_after_ms` is the `Retry-After` wait as `js/host.js` read it (NaN, negative or absent
-/// when none: all mean 0).
-pub fn done(token: u32, status: u16, retry_after_ms: f64, body: Option<String>) {
-    with_client(|c| c.answer(token, status, retry_after_ms as u64, body.as_deref()));
-}
-
-/// A timer fired.
-#[wasm_bindgen]
-pub fn tick() {
-    with_client(Client::tick);
-}
-
-/// A history change: 0 pushState, 1 replaceState, 2 popstate.
-#[wasm_bindgen]
-pub fn nav(kind: u32) {
-    let how = match kind {
-        0 => Navigation::Push,
-        1 => Navigation::Replace,
-        _ => Navigation::Pop,
-    };
-    with_client(|c| c.navigate(how));
-}
-
-/// The page is being hidden or unloaded.
-#[wasm_bindgen]
-pub fn hide() {
-    with_client(Client::hide);
 }
