@@ -31,20 +31,32 @@ export function load(a, k) {
 export function save(a, k, v) {
   try { v ? tallyArea(a).setItem(k, v) : tallyArea(a).removeItem(k); return true } catch (e) { return false }
 }
-// Token k > 0: fetch with a text/plain body (no CORS preflight), keepalive so it survives
-// navigation, no cookies; the answer is read, so 429/503 + Retry-After and the counters
-// reach the module (op 2). Token 0: sendBeacon (page hiding: no answer wanted).
-export function send(u, b, k) {
+// Event ids whose fetch awaits its answer; the answer (op 2) leaves the set first.
+const tallyFlights = new Set();
+function tallyDone(k, s, w, t) {
+  tallyFlights.delete(k);
+  tallyCall(2, s, w, t, k)
+}
+export function busy(k) {
+  return tallyFlights.has(k)
+}
+// A hit to api a (with &counts=1 when c), every URL with a fresh t= cache buster. With event
+// id k: fetch with a text/plain body (no CORS preflight), keepalive so it survives
+// navigation, no cookies; the answer is read, so 429/503 + Retry-After and the counters reach
+// the module (op 2, naming k). Without k: sendBeacon (page hiding: no answer wanted).
+export function send(a, c, b, k) {
+  const u = a + '/api/v1/hit?t=' + Date.now() + (c ? '&counts=1' : '');
   try {
     if (!k) return navigator.sendBeacon(u, b);
+    tallyFlights.add(k);
     fetch(u, { method: 'POST', body: b, keepalive: true, credentials: 'omit' })
-      .then(r => r.text().then(t => tallyCall(2, k, r.status, tallyWait(r.headers.get('Retry-After')), t)),
-        () => tallyCall(2, k, 0))
+      .then(r => r.text().then(t => tallyDone(k, r.status, tallyWait(r.headers.get('Retry-After')), t)),
+        () => tallyDone(k, 0))
   } catch (e) {
     // No fetch, or its keepalive quota is used up: fall back to a beacon, outcome unknown (1).
     if (k) {
-      const ok = send(u, b, 0);
-      setTimeout(() => tallyCall(2, k, ok ? 1 : 0))
+      const ok = send(a, 0, b);
+      setTimeout(() => tallyDone(k, ok ? 1 : 0))
     }
   }
   return false

@@ -18,11 +18,14 @@
 //! - Failures (network error, 408, 425, 429, 5xx, and beacons, whose outcome is unknown) are
 //!   retried after [`retry::next_delay_ms`]: capped exponential backoff with jitter, never
 //!   earlier than `Retry-After`. While a send awaits its answer the entry is leased for
-//!   [`LEASE_MS`] so that other tabs sharing the storage leave it alone.
+//!   [`LEASE_MS`] (its `due` moved on) so that neither this page nor other tabs sharing the
+//!   storage send it again meanwhile, and this page sends no entry again while the host
+//!   reports its earlier send still awaiting an answer ([`Host::awaiting`]); the answer names
+//!   the event id it settles.
 //! - In-page counters are filled from the answer to the page view's own request
 //!   (`?counts=1`), asked for only when the page has (or may still get) counter elements.
 
-use crate::json::{self, push_u64};
+use crate::json;
 use crate::queue::{self, Head};
 use crate::{ids, retry};
 use tally_wire::{Hit, MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
@@ -63,11 +66,17 @@ pub trait Host {
     fn load(&self, area: Area, key: &str) -> Option<String>;
     /// Writes a key (an empty value removes it); false when the storage throws.
     fn save(&mut self, area: Area, key: &str, value: &str) -> bool;
-    /// POSTs `body` as `text/plain` to `url`; the outcome must come back later, never
-    /// synchronously, as `Client::answer(token, ...)`.
-    fn send(&mut self, url: &str, body: &str, token: u32);
-    /// Hands `body` to `navigator.sendBeacon`; true if the browser accepted it.
-    fn beacon(&mut self, url: &str, body: &str) -> bool;
+    /// POSTs `body` as `text/plain` to `{api}/api/v1/hit?t=<ms>[&counts=1]` (`t` defeats
+    /// caches and proxies); the outcome must come back later, never synchronously, as
+    /// `Client::answer(id, ...)`.
+    fn send(&mut self, api: &str, counts: bool, body: &str, id: &str);
+    /// Whether a [`Host::send`] of event `id` by this page still awaits its answer (such an
+    /// entry is not sent again, however long the answer takes: its lease only keeps other
+    /// tabs away). The host knows its outstanding requests; a list here would cost more.
+    fn awaiting(&self, id: &str) -> bool;
+    /// Hands `body` to `navigator.sendBeacon` for `{api}/api/v1/hit?t=<ms>`; true if the
+    /// browser accepted it.
+    fn beacon(&mut self, api: &str, body: &str) -> bool;
     /// Arranges one call of `Client::tick` after `delay_ms`.
     fn schedule(&mut self, delay_ms: u32);
     /// The page's current URL.
@@ -157,9 +166,6 @@ pub struct Client<H> {
     visitor: Option<String>,
     /// The queue's text when `store` is memory.
     memory: String,
-    /// Sends awaiting their answer in this page: (token, event id).
-    flights: Vec<(u32, String)>,
-    next_token: u32,
     /// The page view whose answer fills the in-page counters.
     counts_for: Option<String>,
     /// URL of the last counted page view: SPA change detection and SPA referrer.
@@ -178,8 +184,6 @@ impl<H: Host> Client<H> {
             store: Store::Memory,
             visitor: None,
             memory: String::new(),
-            flights: Vec::new(),
-            next_token: 1,
             counts_for: None,
             page: String::new(),
             timer_at: 0,
@@ -231,14 +235,10 @@ impl<H: Host> Client<H> {
         }
     }
 
-    /// The answer to send number `token`: `status` 0 for a network error, 1 for a beacon
+    /// The answer to the send of event `id`: `status` 0 for a network error, 1 for a beacon
     /// hand-off, else the HTTP status, with the `Retry-After` wait in ms (0 when none) and
-    /// the body when present.
-    pub fn answer(&mut self, token: u32, status: u16, retry_after_ms: u64, body: Option<&str>) {
-        let Some(pos) = self.flights.iter().position(|f| f.0 == token) else {
-            return;
-        };
-        let (_, id) = self.flights.swap_remove(pos);
+    /// the body when present. An answer for an event no longer queued changes nothing.
+    pub fn answer(&mut self, id: &str, status: u16, retry_after_ms: u64, body: Option<&str>) {
         let retry = matches!(status, 0 | 1 | 408 | 425 | 429 | 500..=599);
         // A retried entry waits at least `Retry-After`; a settled one (u64::MAX) leaves.
         let wait = if retry {
@@ -246,9 +246,8 @@ impl<H: Host> Client<H> {
         } else {
             u64::MAX
         };
-        self.pass(String::new(), false, &id, wait);
-        if !retry && (200..300).contains(&status) && self.counts_for.as_deref() == Some(id.as_str())
-        {
+        self.pass(String::new(), false, id, wait);
+        if !retry && (200..300).contains(&status) && self.counts_for.as_deref() == Some(id) {
             self.counts_for = None;
             if let Some(body) = body {
                 self.host.fill(body, self.opts.busuanzi);
@@ -352,9 +351,10 @@ impl<H: Host> Client<H> {
 
     /// One pass over the queue (`text`, or the stored one when empty): the entry with event id
     /// `settled` (if any) leaves when `wait` is `u64::MAX`, else it counts a failed try and
-    /// waits its backoff, at least `wait` ms; then every due entry not awaiting an answer is
-    /// sent (leased for [`LEASE_MS`]) or, when `hiding`, beaconed (an unconfirmed try, backed
-    /// off); the queue is saved and the timer set for the next due entry.
+    /// waits its backoff, at least `wait` ms; then every due entry is sent (and leased for
+    /// [`LEASE_MS`]: not due again while its answer is awaited, here or in another tab) or,
+    /// when `hiding`, beaconed (an unconfirmed try, backed off); the queue is saved and the
+    /// timer set for the next due entry.
     fn pass(&mut self, text: String, hiding: bool, settled: &str, wait: u64) {
         let now = self.host.now_ms();
         let text = if text.is_empty() {
@@ -371,26 +371,16 @@ impl<H: Host> Client<H> {
                 h.attempts = h.attempts.saturating_add(1);
                 h.due = now + retry::next_delay_ms(h.attempts, random_u32(&self.host), wait);
             }
-            if self.flights.iter().any(|f| f.1 == id) {
+            if self.host.awaiting(id) {
                 return true;
             }
             if h.due <= now {
-                let counts = !hiding && self.counts_for.as_deref() == Some(id);
-                let mut url = self.opts.api.clone();
-                url.push_str("/api/v1/hit?t=");
-                push_u64(&mut url, now);
-                if counts {
-                    url.push_str("&counts=1");
-                }
+                let api = &self.opts.api;
                 if !hiding {
-                    let token = self.next_token;
-                    self.next_token = token.wrapping_add(1);
-                    self.flights.push((token, id.into()));
-                    self.host.send(&url, body, token);
+                    let counts = self.counts_for.as_deref() == Some(id);
+                    self.host.send(api, counts, body, id);
                     h.due = now + LEASE_MS;
-                    return true;
-                }
-                if self.host.beacon(&url, body) {
+                } else if self.host.beacon(api, body) {
                     h.attempts = h.attempts.saturating_add(1);
                     h.due = now + retry::backoff_ms(h.attempts, random_u32(&self.host));
                 }

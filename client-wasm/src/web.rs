@@ -2,7 +2,7 @@
 //! loader and host functions call.
 //!
 //! Contract:
-//! - Exports one entry point, `run(op, n, s, w, a, b, c)`: the start, each `window.tally(...)`
+//! - Exports one entry point, `run(op, s, w, a, b, c)`: the start, each `window.tally(...)`
 //!   call, a finished fetch, a timer, a history change and the page hiding, told apart by
 //!   `op` (see [`run`]).
 //! - The one client lives in a module-level cell: the WebAssembly instance is the state holder
@@ -27,7 +27,8 @@ extern "C" {
     fn rand(buf: &mut [u8]);
     fn load(area: u32, key: &str) -> Option<String>;
     fn save(area: u32, key: &str, value: &str) -> bool;
-    fn send(url: &str, body: &str, token: u32) -> bool;
+    fn send(api: &str, counts: bool, body: &str, id: &str) -> bool;
+    fn busy(id: &str) -> bool;
     fn later(ms: u32);
     fn page(referrer: bool) -> String;
     fn same(url: &str, path_only: bool) -> bool;
@@ -52,11 +53,14 @@ impl Host for Web {
     fn save(&mut self, area: Area, key: &str, value: &str) -> bool {
         save(area as u32, key, value)
     }
-    fn send(&mut self, url: &str, body: &str, token: u32) {
-        send(url, body, token);
+    fn send(&mut self, api: &str, counts: bool, body: &str, id: &str) {
+        send(api, counts, body, id);
     }
-    fn beacon(&mut self, url: &str, body: &str) -> bool {
-        send(url, body, 0)
+    fn awaiting(&self, id: &str) -> bool {
+        busy(id)
+    }
+    fn beacon(&mut self, api: &str, body: &str) -> bool {
+        send(api, false, body, "")
     }
     fn schedule(&mut self, delay_ms: u32) {
         later(delay_ms)
@@ -86,38 +90,30 @@ thread_local! {
 }
 
 /// The one entry point (one export keeps the glue small). `op` says what happened:
-/// - 0: start, once (`a` site, `b` api, `n` the flag bits of [`Options::new`]);
+/// - 0: start, once (`a` site, `b` api, `s` the flag bits of [`Options::new`]);
 /// - 1: a `window.tally(kind, name, {dedupe})` call (`a` kind, `b` name, `c` dedupe);
-/// - 2: a send finished (`n` token, `s` status, `w` the `Retry-After` wait in ms as
-///   `js/host.js` read it — NaN, negative or absent all mean 0 — and `a` the body);
+/// - 2: a send finished (`s` status, `w` the `Retry-After` wait in ms as `js/host.js` read
+///   it — NaN, negative or absent all mean 0 —, `a` the body, `b` the event id);
 /// - 3: a timer fired; 4: the page is being hidden or unloaded;
 /// - 5, 6, 7: `history.pushState`, `replaceState`, `popstate`.
 ///
 /// Calls before the start, a second start, and re-entrant calls are ignored.
 #[wasm_bindgen]
-pub fn run(
-    op: u32,
-    n: u32,
-    s: u32,
-    w: f64,
-    a: Option<String>,
-    b: Option<String>,
-    c: Option<String>,
-) {
+pub fn run(op: u32, s: u32, w: f64, a: Option<String>, b: Option<String>, c: Option<String>) {
     CLIENT.with(|cell| {
         let Ok(mut slot) = cell.try_borrow_mut() else {
             return;
         };
         let Some(client) = slot.as_mut() else {
             if op == 0 {
-                let opts = Options::new(a.unwrap_or_default(), b.unwrap_or_default(), n);
+                let opts = Options::new(a.unwrap_or_default(), b.unwrap_or_default(), s);
                 *slot = Some(Client::start(Web, opts));
             }
             return;
         };
         match op {
             1 => client.command(a.as_deref().unwrap_or_default(), b, c),
-            2 => client.answer(n, s as u16, w as u64, a.as_deref()),
+            2 => client.answer(&b.unwrap_or_default(), s as u16, w as u64, a.as_deref()),
             3 => client.tick(),
             4 => client.hide(),
             5 => client.navigate(Navigation::Push),

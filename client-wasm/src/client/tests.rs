@@ -18,7 +18,10 @@ struct Fake {
     broken: [bool; 2],
     /// Storage that reads but refuses writes (quota exceeded).
     full: bool,
-    sends: Vec<(String, String, u32)>,
+    /// (URL, body, event id) of each fetch.
+    sends: Vec<(String, String, String)>,
+    /// Event ids whose fetch awaits its answer.
+    awaiting: std::collections::HashSet<String>,
     beacons: Vec<(String, String)>,
     timers: Vec<u32>,
     href: String,
@@ -59,11 +62,17 @@ impl Host for Fake {
         }
         true
     }
-    fn send(&mut self, url: &str, body: &str, token: u32) {
-        self.sends.push((url.to_owned(), body.to_owned(), token));
+    fn send(&mut self, api: &str, counts: bool, body: &str, id: &str) {
+        let url = hit_url(api, counts, self.now);
+        self.sends.push((url, body.to_owned(), id.to_owned()));
+        self.awaiting.insert(id.to_owned());
     }
-    fn beacon(&mut self, url: &str, body: &str) -> bool {
-        self.beacons.push((url.to_owned(), body.to_owned()));
+    fn awaiting(&self, id: &str) -> bool {
+        self.awaiting.contains(id)
+    }
+    fn beacon(&mut self, api: &str, body: &str) -> bool {
+        self.beacons
+            .push((hit_url(api, false, self.now), body.to_owned()));
         true
     }
     fn schedule(&mut self, delay_ms: u32) {
@@ -122,12 +131,13 @@ impl World {
         self.client.host_mut()
     }
 
-    fn sends(&mut self) -> Vec<(String, String, u32)> {
+    fn sends(&mut self) -> Vec<(String, String, String)> {
         std::mem::take(&mut self.host().sends)
     }
 
-    fn answer(&mut self, token: u32, status: u16, retry_after_ms: u64, body: Option<&str>) {
-        self.client.answer(token, status, retry_after_ms, body);
+    fn answer(&mut self, id: &str, status: u16, retry_after_ms: u64, body: Option<&str>) {
+        self.host().awaiting.remove(id);
+        self.client.answer(id, status, retry_after_ms, body);
     }
 
     fn queue(&mut self) -> Vec<Entry> {
@@ -153,6 +163,12 @@ impl World {
         next.seed = old.seed;
         World::start(next, 0)
     }
+}
+
+/// The URL the browser's host builds for a hit (js/host.js `send`).
+fn hit_url(api: &str, counts: bool, now: u64) -> String {
+    let counts = if counts { "&counts=1" } else { "" };
+    format!("{api}/api/v1/hit?t={now}{counts}")
 }
 
 fn field<'a>(body: &'a str, name: &str) -> Option<&'a str> {
@@ -200,8 +216,8 @@ fn first_page_view_is_queued_then_sent_with_ids_and_cache_buster() {
 #[test]
 fn a_success_empties_the_queue_and_nothing_is_resent() {
     let mut w = World::start(fake("https://blog.example/"), 0);
-    let token = w.sends()[0].2;
-    w.answer(token, 200, 0, Some(r#"{"status":"accepted"}"#));
+    let token = w.sends().remove(0).2;
+    w.answer(&token, 200, 0, Some(r#"{"status":"accepted"}"#));
     assert!(w.queue().is_empty());
     w.advance(60 * 60 * 1000);
     assert!(w.sends().is_empty());
@@ -246,7 +262,7 @@ fn throwing_storage_everywhere_falls_back_to_memory_and_still_counts() {
         "an in-memory id still counts the visitor for this page"
     );
     // Retries still work from memory.
-    w.answer(sends[0].2, 0, 0, None);
+    w.answer(&sends[0].2, 0, 0, None);
     w.advance(retry::CAP_MS);
     let again = w.sends();
     assert_eq!(again.len(), 1);
@@ -260,7 +276,7 @@ fn storage_none_writes_nothing_and_sends_a_null_visitor() {
     assert_eq!(field(&sends[0].1, "visitor_id"), Some("null"));
     assert!(w.client.host().areas.iter().all(HashMap::is_empty));
     // The queue still retries within the page.
-    w.answer(sends[0].2, 503, 1_000, None);
+    w.answer(&sends[0].2, 503, 1_000, None);
     assert!(w.client.host().areas.iter().all(HashMap::is_empty));
     w.advance(retry::CAP_MS);
     assert_eq!(w.sends()[0].1, sends[0].1);
@@ -270,7 +286,7 @@ fn storage_none_writes_nothing_and_sends_a_null_visitor() {
 fn network_error_is_retried_with_backoff_keeping_the_event_id() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, STATUS_NETWORK_ERROR, 0, None);
+    w.answer(&first.2, STATUS_NETWORK_ERROR, 0, None);
     let q = w.queue();
     assert_eq!(q[0].head.attempts, 1);
     let wait = q[0].head.due - T0;
@@ -286,7 +302,7 @@ fn network_error_is_retried_with_backoff_keeping_the_event_id() {
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].1, first.1, "byte-identical body, same event id");
     assert_ne!(second[0].0, first.0, "a fresh cache buster");
-    w.answer(second[0].2, 200, 0, Some(r#"{"status":"duplicate"}"#));
+    w.answer(&second[0].2, 200, 0, Some(r#"{"status":"duplicate"}"#));
     assert!(w.queue().is_empty());
 }
 
@@ -295,7 +311,7 @@ fn retry_after_seconds_is_honoured() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
     w.answer(
-        first.2,
+        &first.2,
         429,
         30_000,
         Some(r#"{"error":"rate_limited","message":"x"}"#),
@@ -311,7 +327,7 @@ fn retry_after_seconds_is_honoured() {
 fn retry_after_is_capped_at_a_day() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, 503, u64::MAX, None);
+    w.answer(&first.2, 503, u64::MAX, None);
     assert_eq!(w.queue()[0].head.due, T0 + retry::MAX_RETRY_AFTER_MS);
 }
 
@@ -320,7 +336,12 @@ fn permanent_refusals_are_dropped_not_retried() {
     for status in [400u16, 403, 413, 422] {
         let mut w = World::start(fake("https://blog.example/"), 0);
         let first = w.sends().remove(0);
-        w.answer(first.2, status, 0, Some(r#"{"error":"bad","message":"x"}"#));
+        w.answer(
+            &first.2,
+            status,
+            0,
+            Some(r#"{"error":"bad","message":"x"}"#),
+        );
         assert!(w.queue().is_empty(), "{status}");
     }
 }
@@ -329,14 +350,14 @@ fn permanent_refusals_are_dropped_not_retried() {
 fn the_next_page_load_resends_what_the_last_one_left() {
     let mut w = World::start(fake("https://blog.example/a"), 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, 0, 0, None);
+    w.answer(&first.2, 0, 0, None);
     w.host().now += retry::CAP_MS;
     let mut w = w.reload("https://blog.example/b");
     let sends = w.sends();
     assert_eq!(sends.len(), 2, "the new page view and the old one");
     assert!(sends.iter().any(|s| s.1 == first.1));
     for (_, _, token) in sends {
-        w.answer(token, 200, 0, Some(r#"{"status":"accepted"}"#));
+        w.answer(&token, 200, 0, Some(r#"{"status":"accepted"}"#));
     }
     assert!(w.queue().is_empty());
 }
@@ -360,7 +381,7 @@ fn counters_are_filled_from_the_page_views_own_answer() {
     let (url, _, token) = w.sends().remove(0);
     assert!(url.ends_with("&counts=1"));
     let body = r#"{"status":"accepted","counts":{"site":{"views":10,"visitors":4,"today":{"views":1,"visitors":1}},"page":{"views":3,"visitors":2,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#;
-    w.answer(token, 200, 0, Some(body));
+    w.answer(&token, 200, 0, Some(body));
     assert_eq!(w.client.host().fills, vec![(body.to_owned(), true)]);
     // Built from the wire type: the answer the collector sends parses as a HitResponse.
     let parsed: tally_wire::HitResponse = serde_json::from_str(body).expect("wire answer");
@@ -373,11 +394,11 @@ fn counters_survive_a_failed_first_try() {
     f.counters = true;
     let mut w = World::start(f, 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, 0, 0, None);
+    w.answer(&first.2, 0, 0, None);
     w.advance(retry::BASE_MS);
     let (url, _, token) = w.sends().remove(0);
     assert!(url.ends_with("&counts=1"));
-    w.answer(token, 200, 0, Some(r#"{"status":"duplicate","counts":{"site":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"page":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#));
+    w.answer(&token, 200, 0, Some(r#"{"status":"duplicate","counts":{"site":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"page":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#));
     assert_eq!(w.client.host().fills.len(), 1);
     assert!(!w.client.host().fills[0].1, "busuanzi off");
 }
@@ -388,11 +409,11 @@ fn only_the_page_views_own_success_fills_counters() {
     f.counters = true;
     let mut w = World::start(f, 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, 429, 1_000, Some("{}"));
+    w.answer(&first.2, 429, 1_000, Some("{}"));
     w.client.command("event", Some("x".into()), None);
     let event = w.sends().remove(0);
     assert!(!event.0.contains("counts"));
-    w.answer(event.2, 200, 0, Some("{}"));
+    w.answer(&event.2, 200, 0, Some("{}"));
     assert!(w.client.host().fills.is_empty());
 }
 
@@ -482,7 +503,7 @@ fn hide_beacons_only_due_idle_entries() {
         w.client.host().beacons.is_empty(),
         "in flight: its keepalive fetch survives"
     );
-    w.answer(first.2, 0, 0, None);
+    w.answer(&first.2, 0, 0, None);
     w.client.hide();
     assert!(
         w.client.host().beacons.is_empty(),
@@ -503,7 +524,7 @@ fn hide_beacons_only_due_idle_entries() {
 fn beacon_handoff_is_an_unconfirmed_try() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
-    w.answer(first.2, STATUS_BEACON, 0, None);
+    w.answer(&first.2, STATUS_BEACON, 0, None);
     assert_eq!(w.queue()[0].head.attempts, 1);
 }
 
@@ -515,7 +536,7 @@ fn queue_stays_bounded_while_the_collector_is_down() {
         w.host().now += 1;
     }
     for (_, _, token) in w.sends() {
-        w.answer(token, 0, 0, None);
+        w.answer(&token, 0, 0, None);
     }
     assert_eq!(w.queue().len(), queue::MAX_ENTRIES);
 }
@@ -524,10 +545,10 @@ fn queue_stays_bounded_while_the_collector_is_down() {
 fn unknown_and_repeated_answers_are_ignored() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
-    w.answer(first.2 + 100, 200, 0, None);
+    w.answer("0190b2a0-0000-7000-8000-000000000000", 200, 0, None);
     assert_eq!(w.queue().len(), 1);
-    w.answer(first.2, 200, 0, Some("not json"));
-    w.answer(first.2, 0, 0, None);
+    w.answer(&first.2, 200, 0, Some("not json"));
+    w.answer(&first.2, 0, 0, None);
     assert!(w.queue().is_empty());
 }
 
@@ -544,7 +565,7 @@ fn storage_full_after_the_start_keeps_the_queue_in_memory() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     let first = w.sends().remove(0);
     w.host().full = true;
-    w.answer(first.2, 0, 0, None);
+    w.answer(&first.2, 0, 0, None);
     w.advance(retry::CAP_MS);
     let again = w.sends();
     assert_eq!(again.len(), 1, "the failed hit is still retried");
