@@ -77,19 +77,39 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         match cli.command {
             Cmd::Baseline => baseline().await,
-            Cmd::Drive { addr, duration, connections } => {
+            Cmd::Drive {
+                addr,
+                duration,
+                connections,
+            } => {
                 let s = drive(&addr, Duration::from_secs(duration), connections, 25).await?;
-                println!("{:.0} hits/s p50 {:.2} ms p99 {:.2} ms errors {}", s.rate(), s.pct(0.5), s.pct(0.99), s.errors);
+                println!(
+                    "{:.0} hits/s p50 {:.2} ms p99 {:.2} ms errors {}",
+                    s.rate(),
+                    s.pct(0.5),
+                    s.pct(0.99),
+                    s.errors
+                );
                 Ok(())
             }
-            Cmd::Run { tally, duration, connections, duplicates, tally_args } => {
-                run(tally, duration, connections, duplicates, tally_args).await
-            }
-            Cmd::Memory { tally, visitors, connections } => memory(tally, visitors, connections).await,
+            Cmd::Run {
+                tally,
+                duration,
+                connections,
+                duplicates,
+                tally_args,
+            } => run(tally, duration, connections, duplicates, tally_args).await,
+            Cmd::Memory {
+                tally,
+                visitors,
+                connections,
+            } => memory(tally, visitors, connections).await,
         }
     })
 }
@@ -108,19 +128,38 @@ async fn baseline() -> anyhow::Result<()> {
 
 /// Start a server process and read its address from the "listening on" line.
 async fn spawn(mut cmd: Command) -> anyhow::Result<(Child, String)> {
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).kill_on_drop(true).spawn()?;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
     let stdout = child.stdout.take().context("stdout")?;
-    let line = BufReader::new(stdout).lines().next_line().await?.context("no output")?;
-    let addr = line.strip_prefix("listening on http://").context("no listening line")?.to_owned();
+    let line = BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await?
+        .context("no output")?;
+    let addr = line
+        .strip_prefix("listening on http://")
+        .context("no listening line")?
+        .to_owned();
     Ok((child, addr))
 }
 
-async fn spawn_tally(tally: &PathBuf, db: &PathBuf, extra: &str) -> anyhow::Result<(Child, String)> {
+async fn spawn_tally(
+    tally: &PathBuf,
+    db: &PathBuf,
+    extra: &str,
+) -> anyhow::Result<(Child, String)> {
     if !tally.exists() {
-        bail!("{} not found: run `cargo build --release -p tally` first", tally.display());
+        bail!(
+            "{} not found: run `cargo build --release -p tally` first",
+            tally.display()
+        );
     }
     let mut cmd = Command::new(tally);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--auto-sites", "--db"]).arg(db);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--auto-sites", "--db"])
+        .arg(db);
     cmd.args(extra.split_whitespace());
     cmd.env("TALLY_LOG", "error");
     spawn(cmd).await
@@ -186,7 +225,12 @@ async fn post(
 }
 
 /// Drive `addr` with `connections` clients for `duration`.
-async fn drive(addr: &str, duration: Duration, connections: usize, dup_pct: u64) -> anyhow::Result<Stats> {
+async fn drive(
+    addr: &str,
+    duration: Duration,
+    connections: usize,
+    dup_pct: u64,
+) -> anyhow::Result<Stats> {
     let deadline = Instant::now() + duration;
     let counter = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -203,11 +247,17 @@ async fn drive(addr: &str, duration: Duration, connections: usize, dup_pct: u64)
                 let n = counter.fetch_add(1, Ordering::Relaxed);
                 // Every (100 / dup_pct)-th request repeats an id this client sent before.
                 let dup = dup_pct > 0 && n % 100 < dup_pct && !recent.is_empty();
-                let id = if dup { recent[(n as usize) % recent.len()].clone() } else { uuid_v7() };
+                let id = if dup {
+                    recent[(n as usize) % recent.len()].clone()
+                } else {
+                    uuid_v7()
+                };
                 let body = hit_body(&id, &visitor, n % 50);
                 let t = Instant::now();
                 match post(&mut sender, &addr, "/api/v1/hit?t=1", body).await {
-                    Ok(200 | 204) => latencies.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32),
+                    Ok(200 | 204) => {
+                        latencies.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32)
+                    }
                     Ok(_) => errors += 1,
                     Err(_) => {
                         errors += 1;
@@ -234,7 +284,11 @@ async fn drive(addr: &str, duration: Duration, connections: usize, dup_pct: u64)
         errors += e;
     }
     latencies_us.sort_unstable();
-    Ok(Stats { latencies_us, errors, elapsed: started.elapsed().max(duration) })
+    Ok(Stats {
+        latencies_us,
+        errors,
+        elapsed: started.elapsed().max(duration),
+    })
 }
 
 fn peak_rss_mb(pid: u32) -> anyhow::Result<f64> {
@@ -250,7 +304,13 @@ fn peak_rss_mb(pid: u32) -> anyhow::Result<f64> {
     Ok(kb / 1024.0)
 }
 
-async fn run(tally: PathBuf, secs: u64, connections: usize, dup: u64, extra: String) -> anyhow::Result<()> {
+async fn run(
+    tally: PathBuf,
+    secs: u64,
+    connections: usize,
+    dup: u64,
+    extra: String,
+) -> anyhow::Result<()> {
     let duration = Duration::from_secs(secs);
     let dir = tempdir()?;
     let me = std::env::current_exe()?;
@@ -269,17 +329,38 @@ async fn run(tally: PathBuf, secs: u64, connections: usize, dup: u64, extra: Str
     let (mut tally_child, tally_addr) = spawn_tally(&tally, &db, &extra).await?;
     drive(&tally_addr, Duration::from_millis(500), connections, dup).await?;
     let t = drive(&tally_addr, duration, connections, dup).await?;
-    let rss = tally_child.id().map(peak_rss_mb).transpose()?.unwrap_or(f64::NAN);
+    let rss = tally_child
+        .id()
+        .map(peak_rss_mb)
+        .transpose()?
+        .unwrap_or(f64::NAN);
     tally_child.kill().await?;
     let _ = std::fs::remove_dir_all(&dir);
 
-    println!("load: {connections} connections, {secs} s each, {dup}% duplicate event ids, tally args {extra:?}");
-    println!("{:<10} {:>12} {:>10} {:>10} {:>8}", "server", "hits/s", "p50 ms", "p99 ms", "errors");
+    println!(
+        "load: {connections} connections, {secs} s each, {dup}% duplicate event ids, tally args {extra:?}"
+    );
+    println!(
+        "{:<10} {:>12} {:>10} {:>10} {:>8}",
+        "server", "hits/s", "p50 ms", "p99 ms", "errors"
+    );
     for (name, s) in [("baseline", &base), ("tally", &t)] {
-        println!("{name:<10} {:>12.0} {:>10.2} {:>10.2} {:>8}", s.rate(), s.pct(0.5), s.pct(0.99), s.errors);
+        println!(
+            "{name:<10} {:>12.0} {:>10.2} {:>10.2} {:>8}",
+            s.rate(),
+            s.pct(0.5),
+            s.pct(0.99),
+            s.errors
+        );
     }
-    println!("ratio tally/baseline: {:.2} (goal >= 0.5)", t.rate() / base.rate());
-    println!("tally p99: {:.2} ms (goal <= 25 ms); tally peak RSS {rss:.1} MB", t.pct(0.99));
+    println!(
+        "ratio tally/baseline: {:.2} (goal >= 0.5)",
+        t.rate() / base.rate()
+    );
+    println!(
+        "tally p99: {:.2} ms (goal <= 25 ms); tally peak RSS {rss:.1} MB",
+        t.pct(0.99)
+    );
     Ok(())
 }
 
@@ -324,12 +405,22 @@ async fn memory(tally: PathBuf, visitors: u64, connections: usize) -> anyhow::Re
         let req = Request::get("/api/v1/counts?site=bench&page=/p1")
             .header("host", &addr)
             .body(Full::new(Bytes::new()))?;
-        let body = sender.send_request(req).await?.into_body().collect().await?.to_bytes();
+        let body = sender
+            .send_request(req)
+            .await?
+            .into_body()
+            .collect()
+            .await?
+            .to_bytes();
         String::from_utf8_lossy(&body).into_owned()
     };
     child.kill().await?;
     let _ = std::fs::remove_dir_all(&dir);
-    println!("sent {visitors} distinct visitors in {:.1} s ({:.0} hits/s, batches of {BATCH})", elapsed.as_secs_f64(), visitors as f64 / elapsed.as_secs_f64());
+    println!(
+        "sent {visitors} distinct visitors in {:.1} s ({:.0} hits/s, batches of {BATCH})",
+        elapsed.as_secs_f64(),
+        visitors as f64 / elapsed.as_secs_f64()
+    );
     println!("counts: {counts}");
     println!("tally peak RSS: {rss:.1} MB (at start {start_rss:.1} MB; goal <= 100 MB)");
     Ok(())
