@@ -1,8 +1,9 @@
 //! Keyed hashing of request sources. Raw IP addresses are never written anywhere: where a
-//! source must be recognised (visitors without an id, badge and pixel repeat suppression,
-//! rate limits) it becomes `blake3(key = salt of the UTC day, site | ip | user agent)`.
-//! The salt is random, kept in the store so every collector and every restart of one day
-//! agrees, and deleted after a day, so old hashes can never be recomputed or linked.
+//! source must be recognised (visitors without an id, badge and pixel repeat suppression)
+//! it becomes `blake3(key = salt of the day, site | ip | user agent)`, where the day is the
+//! site's local day of the event (so one source is one visitor for a whole local day).
+//! The salt is random, kept in the store so every collector and every restart agrees, and
+//! deleted two days later, so old hashes can never be recomputed or linked.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -34,8 +35,8 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 /// Hashes request sources with the salt of the current UTC day.
 pub struct SourceHasher {
     store: Arc<dyn Store>,
-    /// The salt in use and its day; replaced on the first request of a new day.
-    current: Mutex<Option<(Date, [u8; 32])>>,
+    /// Recently used salts by day (sites in different zones use neighbouring days).
+    recent: Mutex<Vec<(Date, [u8; 32])>>,
 }
 
 impl SourceHasher {
@@ -43,31 +44,32 @@ impl SourceHasher {
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self {
             store,
-            current: Mutex::new(None),
+            recent: Mutex::new(Vec::new()),
         }
     }
 
-    async fn salt(&self, utc_day: Date) -> Result<[u8; 32], StoreError> {
-        let mut current = self.current.lock().await;
-        if let Some((day, salt)) = *current
-            && day == utc_day
-        {
-            return Ok(salt);
+    async fn salt(&self, day: Date) -> Result<[u8; 32], StoreError> {
+        let mut recent = self.recent.lock().await;
+        if let Some((_, salt)) = recent.iter().find(|(d, _)| *d == day) {
+            return Ok(*salt);
         }
-        let salt = self.store.salt_for(utc_day, random_bytes()).await?;
-        *current = Some((utc_day, salt));
+        let salt = self.store.salt_for(day, random_bytes()).await?;
+        if recent.len() >= 4 {
+            recent.remove(0);
+        }
+        recent.push((day, salt));
         Ok(salt)
     }
 
-    /// The key of one source (site, ip, user agent) on `utc_day`.
+    /// The key of one source (site, ip, user agent) on `day`.
     pub async fn source_key(
         &self,
-        utc_day: Date,
+        day: Date,
         site: &SiteId,
         ip: IpAddr,
         user_agent: &str,
     ) -> Result<VisitorKey, StoreError> {
-        let salt = self.salt(utc_day).await?;
+        let salt = self.salt(day).await?;
         let mut hasher = blake3::Hasher::new_keyed(&salt);
         hasher.update(site.as_str().as_bytes());
         hasher.update(&[0]);

@@ -20,7 +20,6 @@ use super::hit::{Sender, filter_reason, observe};
 use super::{ApiError, AppState};
 use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
 use crate::core::counts::present;
-use crate::core::day::SiteZone;
 use crate::core::hit::HitKind;
 use crate::core::ids::{EventId, PagePath};
 use crate::core::record::{Record, Source};
@@ -79,7 +78,7 @@ async fn count_view(
     let visitor = state
         .hasher
         .source_key(
-            SiteZone::utc().day_of(now),
+            site.zone.day_of(now),
             &site.id,
             sender.ip,
             &sender.user_agent,

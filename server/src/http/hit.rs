@@ -21,7 +21,6 @@ use tally_wire::{
 
 use super::error::json_error;
 use super::{ApiError, AppState, check_content_type, origin, read_body};
-use crate::core::day::SiteZone;
 use crate::core::hit::{HitKind, ValidHit};
 use crate::core::record::{Outcome, Record, Source};
 
@@ -93,10 +92,11 @@ async fn prepare(
     let visitor = match valid.visitor {
         Some(v) => v,
         None => {
-            let utc_day = SiteZone::utc().day_of(now);
+            // Salted per local day of the event, so a visitor stays one visitor all day long.
+            let local_day = site.zone.day_of(valid.event_id.time());
             state
                 .hasher
-                .source_key(utc_day, &valid.site, sender.ip, &sender.user_agent)
+                .source_key(local_day, &valid.site, sender.ip, &sender.user_agent)
                 .await?
         }
     };

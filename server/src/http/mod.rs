@@ -99,13 +99,14 @@ impl AppState {
         }
     }
 
-    /// The client's address: the peer, or the first `X-Forwarded-For` hop behind a trusted proxy.
+    /// The client's address: the peer, or the last `X-Forwarded-For` hop behind a trusted proxy.
     pub fn client_ip(&self, peer: SocketAddr, headers: &HeaderMap) -> IpAddr {
         if self.config.trust_proxy
             && let Some(ip) = headers
                 .get("x-forwarded-for")
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.split(',').next())
+                // The rightmost hop is the one our proxy appended; the rest is client-supplied.
+                .and_then(|v| v.rsplit(',').next())
                 .and_then(|v| v.trim().parse().ok())
         {
             return ip;
@@ -192,16 +193,25 @@ pub fn app(state: AppState) -> Router {
 /// CORS and caching headers for every `/api/*` answer.
 async fn api_headers(request: Request, next: Next) -> Response {
     let origin = request.headers().get(header::ORIGIN).cloned();
+    let path = request.uri().path();
+    // Stats JSON is for the dashboard (same origin) and bearer-token scripts: no CORS, so a
+    // page elsewhere can never read a private site's numbers with the admin cookie.
+    let cors = !path.starts_with("/api/v1/sites/");
+    // Beacons are sent with credentials; only the counting endpoints (which read no cookie)
+    // allow them.
+    let counting = matches!(path, "/api/v1/hit" | "/api/v1/events");
     let mut response = next.run(request).await;
     let h = response.headers_mut();
     // Whether this origin may send for the requested site is decided by the handler (403);
     // echoing it here lets the page read that answer.
-    if let Some(origin) = origin {
+    if let (Some(origin), true) = (origin, cors) {
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
-            HeaderValue::from_static("true"),
-        );
+        if counting {
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                HeaderValue::from_static("true"),
+            );
+        }
         h.insert(
             header::ACCESS_CONTROL_EXPOSE_HEADERS,
             HeaderValue::from_static("Retry-After"),

@@ -137,8 +137,8 @@ pub trait Store: Send + Sync + 'static {
     /// Remove a site's configuration (its counted data stays). Returns whether it existed.
     async fn remove_site(&self, id: &SiteId) -> Result<bool, StoreError>;
 
-    /// The secret salt of `day` (UTC): the stored one, or `fresh` stored now. Salts of days
-    /// before `day - 1` are deleted, so yesterday's hashes can never be recomputed.
+    /// The secret salt of `day`: the stored one, or `fresh` stored now. Salts of days before
+    /// `day - 2` are deleted, so older hashes can never be recomputed.
     async fn salt_for(&self, day: Date, fresh: [u8; 32]) -> Result<[u8; 32], StoreError>;
 
     /// Recount counters from raw events; with `repair`, replace drifted counters.

@@ -193,7 +193,10 @@ impl SqliteStore {
     ) -> Result<T, StoreError> {
         let writer = Arc::clone(&self.writer);
         tokio::task::spawn_blocking(move || {
-            let mut writer = writer.lock().map_err(|_| backend("writer lock poisoned"))?;
+            // A panic under the lock rolled its transaction back; the connection is still usable.
+            let mut writer = writer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             f(&mut writer.conn)
         })
         .await
@@ -691,7 +694,10 @@ impl Store for SqliteStore {
     async fn commit(&self, records: Vec<Record>) -> Result<Vec<Outcome>, StoreError> {
         let writer = Arc::clone(&self.writer);
         tokio::task::spawn_blocking(move || {
-            let mut writer = writer.lock().map_err(|_| backend("writer lock poisoned"))?;
+            // A panic under the lock rolled its transaction back; the connection is still usable.
+            let mut writer = writer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let Writer { conn, seen } = &mut *writer;
             commit_batch(conn, seen, &records)
         })
@@ -748,7 +754,7 @@ impl Store for SqliteStore {
 
     async fn salt_for(&self, day: Date, fresh: [u8; 32]) -> Result<[u8; 32], StoreError> {
         let key = day_key(day);
-        let oldest = day_key(day.yesterday().unwrap_or(day));
+        let oldest = day_key(day.checked_sub(jiff::ToSpan::days(2)).unwrap_or(day));
         self.write(move |conn| {
             conn.execute(
                 "INSERT OR IGNORE INTO salts (day, salt) VALUES (?1, ?2)",
@@ -832,25 +838,40 @@ impl Store for SqliteStore {
         let ms = u64::try_from(before_ms).unwrap_or(0);
         let mut bound = [0u8; 16];
         bound[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
-        let cut_day = jiff::Timestamp::from_millisecond(before_ms - 86_400_000)
-            .map(|ts| day_key(SiteZone::utc().day_of(ts)))
-            .map_err(backend)?;
         let mut total = 0u64;
         loop {
             // Small chunks, so the writer is never held long and live traffic keeps flowing.
+            // The marker and the deletion commit together: `verify` never sees events gone
+            // without knowing it. Custom events with a dedupe key are kept (they ARE the
+            // dedupe), and so are the derived per-day visitor sets (range visitors stay exact).
             let deleted = self
                 .write(move |conn| {
-                    let n = conn.execute(
-                        "DELETE FROM events WHERE event_id IN \
-                         (SELECT event_id FROM events WHERE event_id < ?1 LIMIT 5000)",
-                        params![&bound[..]],
-                    )?;
-                    conn.execute(
+                    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                    let ids: Vec<Vec<u8>> = {
+                        let mut stmt = tx.prepare_cached(
+                            "SELECT event_id FROM events \
+                             WHERE event_id < ?1 AND dedupe IS NULL LIMIT 5000",
+                        )?;
+                        let rows = stmt.query_map(params![&bound[..]], |r| r.get(0))?;
+                        rows.collect::<Result<_, _>>()?
+                    };
+                    if ids.is_empty() {
+                        return Ok(0);
+                    }
+                    tx.execute(
                         "INSERT INTO meta (key, value) VALUES ('pruned_before_ms', ?1) \
                          ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
                         [before_ms],
                     )?;
-                    Ok(n as u64)
+                    {
+                        let mut delete =
+                            tx.prepare_cached("DELETE FROM events WHERE event_id = ?1")?;
+                        for id in &ids {
+                            delete.execute([id])?;
+                        }
+                    }
+                    tx.commit()?;
+                    Ok(ids.len() as u64)
                 })
                 .await?;
             total += deleted;
@@ -858,14 +879,6 @@ impl Store for SqliteStore {
                 break;
             }
         }
-        self.write(move |conn| {
-            conn.execute(
-                "DELETE FROM visitors WHERE day != '*' AND day < ?1",
-                [cut_day],
-            )?;
-            Ok(())
-        })
-        .await?;
         Ok(total)
     }
 }

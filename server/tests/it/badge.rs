@@ -189,3 +189,26 @@ async fn pixel_counts_once_per_source_and_checks_the_embedding_origin() {
     assert_eq!(app.counts("/from-referer").await.page.views, 1);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn behind_a_proxy_the_last_forwarded_hop_is_the_source() {
+    let mut app = crate::support::spawn_app_with(crate::support::Options {
+        configure: |c| c.trust_proxy = true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let fetch = |xff: &'static str| {
+        app.client
+            .get(app.url("/badge/blog.svg?page=/p"))
+            .header("x-forwarded-for", xff)
+            .send()
+    };
+    let r = fetch("1.1.1.1, 203.0.113.7").await.expect("r");
+    assert_eq!(r.headers()["x-tally-status"], "accepted");
+    // A client rotating the (client-controlled) leftmost entry is still the same source.
+    let r = fetch("9.9.9.9, 203.0.113.7").await.expect("r");
+    assert_eq!(r.headers()["x-tally-status"], "suppressed");
+    let r = fetch("1.1.1.1, 198.51.100.2").await.expect("r");
+    assert_eq!(r.headers()["x-tally-status"], "accepted");
+    app.stop().await;
+}

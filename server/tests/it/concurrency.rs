@@ -33,7 +33,7 @@ impl Lcg {
 struct Event {
     id: String,
     page: String,
-    /// `None`: the client keeps no visitor id (counted by the source hash: one visitor here).
+    /// `None`: the client keeps no visitor id (counted by the source hash: one visitor per day).
     visitor: Option<String>,
     day: String,
 }
@@ -128,7 +128,11 @@ async fn exact_counts_under_concurrent_duplicates() {
 
     // Expected numbers from the generated data.
     let today = now.to_zoned(jiff::tz::TimeZone::UTC).date().to_string();
-    let key = |e: &Event| e.visitor.clone().unwrap_or_else(|| "source-hash".into());
+    let key = |e: &Event| {
+        e.visitor
+            .clone()
+            .unwrap_or_else(|| format!("source-hash-{}", e.day))
+    };
     let mut page_all: HashMap<&str, (u64, HashSet<String>)> = HashMap::new();
     let mut page_today: HashMap<&str, (u64, HashSet<String>)> = HashMap::new();
     let mut site_all: (u64, HashSet<String>) = (0, HashSet::new());

@@ -89,3 +89,31 @@ async fn kathmandu_quarter_hour_offset() {
     // UTC+05:45: local midnight of 2026-07-02 is 2026-07-01T18:15:00Z.
     midnight_splits_days("Asia/Kathmandu", "2026-07-01T18:14:59Z").await;
 }
+
+#[tokio::test]
+async fn a_visitor_without_id_is_one_visitor_for_the_whole_local_day() {
+    // Tokyo (UTC+9): the local day 2026-05-11 runs from 2026-05-10T15:00Z to 2026-05-11T15:00Z,
+    // so these two hits fall on two UTC days but on one local day.
+    let first: Timestamp = "2026-05-10T23:30:00Z".parse().expect("ts");
+    let second: Timestamp = "2026-05-11T00:30:00Z".parse().expect("ts");
+    let mut app = spawn_app_with(Options {
+        at: first,
+        zone: "Asia/Tokyo",
+        ..Options::default()
+    })
+    .await;
+    assert_eq!(
+        app.hit_status(&pageview(&event_id_at(first), None, "/a"))
+            .await,
+        "accepted"
+    );
+    app.clock.set(second);
+    assert_eq!(
+        app.hit_status(&pageview(&event_id_at(second), None, "/a"))
+            .await,
+        "accepted"
+    );
+    let c = app.counts("/a").await;
+    assert_eq!((c.page.today.views, c.page.today.visitors), (2, 1));
+    app.stop().await;
+}

@@ -253,3 +253,33 @@ async fn late_deliveries_count_but_are_not_live() {
     assert_eq!(app.counts("/a").await.live, tally_wire::Live::default());
     app.stop().await;
 }
+
+#[tokio::test]
+async fn cors_is_narrow_stats_json_is_never_readable_cross_origin() {
+    let mut app = spawn_app().await;
+    let get = |path: &'static str| {
+        app.client
+            .get(app.url(path))
+            .header("origin", ORIGIN)
+            .send()
+    };
+    let counts = get("/api/v1/counts?site=blog").await.expect("r");
+    assert_eq!(counts.headers()["access-control-allow-origin"], ORIGIN);
+    assert!(
+        !counts
+            .headers()
+            .contains_key("access-control-allow-credentials")
+    );
+    let series = get("/api/v1/sites/blog/series").await.expect("r");
+    assert_eq!(series.status(), 200);
+    assert!(!series.headers().contains_key("access-control-allow-origin"));
+    let hit = app
+        .post_hit(&pageview(&event_id_at(app.now()), Some(V1), "/a"))
+        .await;
+    assert_eq!(hit.headers()["access-control-allow-credentials"], "true");
+    assert_eq!(
+        hit.headers()["access-control-expose-headers"],
+        "Retry-After"
+    );
+    app.stop().await;
+}

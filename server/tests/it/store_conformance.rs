@@ -149,12 +149,69 @@ async fn salts_are_stable_per_day_and_forgotten(store: Arc<dyn Store>) {
     let b = store.salt_for(d1, [2; 32]).await.expect("salt");
     assert_eq!(a, b, "one salt per day");
     let c = store
-        .salt_for(date(2026, 4, 3), [3; 32])
+        .salt_for(date(2026, 4, 4), [3; 32])
         .await
         .expect("salt");
     assert_eq!(c, [3; 32]);
-    // Two days later the first salt is gone: asking again stores the new candidate.
+    // Three days later the first salt is gone: asking again stores the new candidate.
     assert_eq!(store.salt_for(d1, [4; 32]).await.expect("salt"), [4; 32]);
+}
+
+async fn prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify(store: Arc<dyn Store>) {
+    let d = date(2026, 4, 1);
+    let keyed = |n: u8| Record {
+        kind: HitKind::Event {
+            name: EventName::parse("purchase").expect("name"),
+            dedupe: Some(DedupeKey::parse("order_9").expect("key")),
+        },
+        ..record(n, 1, "/cart", d)
+    };
+    let mut batch: Vec<Record> = (0..30).map(|n| record(n, n % 4, "/a", d)).collect();
+    batch.push(keyed(200));
+    store.commit(batch).await.expect("commit");
+    let site = SiteId::parse("s").expect("s");
+    let before = store.range_totals(&site, d, d).await.expect("totals");
+    let pruned_at: jiff::Timestamp = "2026-04-03T00:00:00Z".parse().expect("ts");
+    assert_eq!(
+        store
+            .prune(pruned_at.as_millisecond())
+            .await
+            .expect("prune"),
+        30
+    );
+    assert_eq!(
+        store
+            .prune(pruned_at.as_millisecond())
+            .await
+            .expect("again"),
+        0
+    );
+    // The dedupe key outlives the raw page views: the purchase still counts once.
+    assert_eq!(
+        store.commit(vec![keyed(201)]).await.expect("commit"),
+        [Outcome::Duplicate]
+    );
+    assert_eq!(
+        store.range_totals(&site, d, d).await.expect("totals"),
+        before,
+        "range visitors stay exact"
+    );
+    let report = store.verify(false).await.expect("verify");
+    assert!(
+        report.drift.is_empty(),
+        "pruned days are not recounted: {report:?}"
+    );
+    let page = PagePath::parse("/a").expect("p");
+    assert_eq!(
+        store
+            .counts(&site, &page, d)
+            .await
+            .expect("c")
+            .page_all
+            .web
+            .views,
+        30
+    );
 }
 
 mod sqlite {
@@ -192,6 +249,11 @@ mod sqlite {
                 .expect("tamper");
         })
         .await;
+    }
+
+    #[tokio::test]
+    async fn prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify() {
+        super::prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify(open().2).await;
     }
 
     #[tokio::test]
