@@ -90,16 +90,23 @@ must(/^    try \{\n([\s\S]*?)^    \} catch \(e\) \{\n[\s\S]*?^        throw e;\n
 //    the host imports become keys of the one import module, `wasm.<export>` uses are renamed.
 const names = JSON.parse(readFileSync(join(bindgenDir, 'names.json'), 'utf8'));
 const importModules = new Set(names.imports.map(([m]) => m));
-if (importModules.size !== 2) throw new Error(`expected two import modules, got ${[...importModules]}`);
+// wasm-bindgen's own module always; host.js's namespace too when some host function is passed
+// to the module as is (no argument conversion needed).
+const direct = importModules.size === 2;
+if (!importModules.has('./tally_client_bg.js') || importModules.size > 2) throw new Error(`unexpected import modules ${[...importModules]}`);
 const hostNames = [];
 for (const [mod, name, short] of names.imports) {
   if (mod === './tally_client_bg.js') must(new RegExp(`^(\\s+)${name}: function`, 'm'), `$1${short}: function`);
   else if (exported.includes(name)) hostNames.push(`${short}: ${name}`);
   else throw new Error(`unknown import ${mod} ${name}`);
 }
-must(/^(const \w+ = )\{ [\w, ]+ \};$/m, `$1{ ${hostNames.join(', ')} };`);
-must(/return \{\s*__proto__: null,\s*"\.\/tally_client_bg\.js": (\w+),\s*"\.\/snippets\/[^"]+": (\w+),\s*\};/,
-  (_, a, b) => `return { a: Object.assign(${a}, ${b}) };`);
+if (direct) {
+  must(/^(const \w+ = )\{ [\w, ]+ \};$/m, `$1{ ${hostNames.join(', ')} };`);
+  must(/return \{\s*__proto__: null,\s*"\.\/tally_client_bg\.js": (\w+),\s*"\.\/snippets\/[^"]+": (\w+),\s*\};/,
+    (_, a, b) => `return { a: Object.assign(${a}, ${b}) };`);
+} else {
+  must(/return \{\s*__proto__: null,\s*"\.\/tally_client_bg\.js": (\w+),\s*\};/, (_, a) => `return { a: ${a} };`);
+}
 const exportNames = Object.fromEntries(names.exports);
 glue = glue.replace(/\bwasm\.(\w+)/g, (_, n) => {
   if (!exportNames[n]) throw new Error(`glue uses unknown export ${n}`);

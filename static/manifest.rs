@@ -4,10 +4,10 @@
 /// The loader, served at `/tally.js`.
 pub const LOADER: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally.js"));
 /// File name of the wasm-bindgen glue (content-hashed: immutable).
-pub const GLUE_NAME: &str = "tally-66fc6c084969.js";
+pub const GLUE_NAME: &str = "tally-48145351504d.js";
 /// The glue (an ES module with the host functions inlined).
-pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-66fc6c084969.js"));
+pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-48145351504d.js"));
 /// File name of the WebAssembly module (content-hashed: immutable).
-pub const WASM_NAME: &str = "tally-13fac408a0b5.wasm";
+pub const WASM_NAME: &str = "tally-7768caa43ecd.wasm";
 /// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-13fac408a0b5.wasm"));
+pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-7768caa43ecd.wasm"));

@@ -7,8 +7,9 @@
 // back into the module is wrapped so a fault there cannot reach the page.
 // Full-line comments are stripped at build time; keep the code itself compact.
 
-function tallyCall(...a) {
-  try { run(...a) } catch (e) {}
+// run()'s string arguments are never undefined (that would arrive as "undefined").
+function tallyCall(o, s = 0, w = 0, a = '', b = '', c = '') {
+  try { run(o, s, w, a, b, c) } catch (e) {}
 }
 function tallyArea(a) {
   return a ? sessionStorage : localStorage
@@ -19,8 +20,10 @@ function tallyArea(a) {
 function tallyWait(h) {
   return h == null ? 0 : /^\s*\d+\s*$/.test(h) ? h * 1e3 : Date.parse(/gmt/i.test(h) ? h : h + ' GMT') - Date.now()
 }
-export function now() {
-  return Date.now()
+// The host calls with numbers only, one import: 0 now (Unix ms), 1 later(x ms), 2 want(x:
+// busuanzi), 3 listen(x: spa).
+export function num(o, x) {
+  return o ? [, tallyLater, tallyWant, tallyListen][o](x) : Date.now()
 }
 export function rand(b) {
   crypto.getRandomValues(b)
@@ -61,7 +64,7 @@ export function send(a, c, b, k) {
   }
   return false
 }
-export function later(ms) {
+function tallyLater(ms) {
   setTimeout(() => tallyCall(3), ms)
 }
 export function page(r) {
@@ -74,7 +77,7 @@ export function same(u, p) {
     return p ? a.pathname == b.pathname : a.href.split('#')[0] == b.href.split('#')[0]
   } catch (e) { return false }
 }
-export function want(z) {
+function tallyWant(z) {
   return document.readyState == 'loading' || !!document.querySelector('[data-tally]' + (z ? ',[id^=busuanzi_]' : ''))
 }
 // The answer is a tally_wire::HitResponse; its counts fill [data-tally=...] elements and,
@@ -95,7 +98,7 @@ export function fill(t, z) {
     c && (d.readyState == 'loading' ? d.addEventListener('DOMContentLoaded', f) : f())
   } catch (e) {}
 }
-export function listen(spa) {
+function tallyListen(spa) {
   if (spa) {
     ['pushState', 'replaceState'].forEach((m, i) => {
       const o = history[m];

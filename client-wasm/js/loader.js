@@ -16,7 +16,7 @@
       q = (p && p.q) || [], m, n = navigator,
       t = w.tally = function () { m ? r(arguments) : q.push(arguments) };
     function r(a) {
-      try { m.run(1, 0, 0, a[0] + '', a[1] == null ? null : a[1] + '', a[2] && a[2].dedupe != null ? a[2].dedupe + '' : null) } catch (e) {}
+      try { m.run(1, 0, 0, a[0] + '', a[1] == null ? '' : a[1] + '', a[2] && a[2].dedupe != null ? a[2].dedupe + '' : '') } catch (e) {}
     }
     t.q = q;
     t.track = function (e, x) { t('event', e, x) };
@@ -26,7 +26,7 @@
     import(new URL('__GLUE__', b)).then(function (g) {
       return g.default({ module_or_path: new URL('__WASM__', b) }).then(function () {
         g.run(0, (o.storage == 'none') | ('busuanzi' in o) << 1 | (o.auto == 'false') << 2 | (o.spa == 'false') << 3,
-          0, o.site || l.hostname, (o.api || new URL(b).origin).replace(/\/+$/, ''));
+          0, o.site || l.hostname, (o.api || new URL(b).origin).replace(/\/+$/, ''), '');
         m = g;
         q.splice(0).forEach(r)
       })

@@ -423,20 +423,14 @@ fn random_u32(host: &impl Host) -> u32 {
 }
 
 /// Cuts the query and fragment off an over-long URL (the page key is the path anyway).
-fn clip(url: String) -> String {
-    if url.len() <= MAX_URL_CHARS {
-        return url;
+fn clip(mut url: String) -> String {
+    if url.len() > MAX_URL_CHARS
+        && let Some(i) = url.bytes().position(|b| b == b'?' || b == b'#')
+    {
+        // An ASCII byte: a char boundary.
+        url.truncate(i);
     }
-    before(&url, |b| b == b'?' || b == b'#').to_owned()
-}
-
-/// `s` up to (not including) the first byte that `stop` matches. Cuts only at ASCII bytes,
-/// so always at a char boundary.
-fn before(s: &str, stop: impl Fn(u8) -> bool) -> &str {
-    match s.bytes().position(stop) {
-        Some(i) => &s[..i],
-        None => s,
-    }
+    url
 }
 
 #[cfg(test)]

@@ -120,10 +120,8 @@ fn parse(l: &str) -> Option<(Head, &str, &str)> {
 /// Splits at the first `sep` (an ASCII byte, so the cut is on a char boundary); the whole
 /// string and `""` when there is none.
 fn cut(s: &str, sep: u8) -> (&str, &str) {
-    match s.bytes().position(|b| b == sep) {
-        Some(i) => (&s[..i], &s[i + 1..]),
-        None => (s, ""),
-    }
+    let i = s.bytes().take_while(|&b| b != sep).count();
+    (&s[..i], s.get(i + 1..).unwrap_or_default())
 }
 
 /// A decimal number of 1 to 19 digits (`str::parse` costs more WebAssembly than this).

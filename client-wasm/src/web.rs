@@ -23,18 +23,15 @@ static ALLOCATOR: lol_alloc::LockedAllocator<lol_alloc::FreeListAllocator> =
 
 #[wasm_bindgen(module = "/js/host.js")]
 extern "C" {
-    fn now() -> f64;
+    fn num(op: u32, x: u32) -> f64;
     fn rand(buf: &mut [u8]);
     fn load(area: u32, key: &str) -> Option<String>;
     fn save(area: u32, key: &str, value: &str) -> bool;
     fn send(api: &str, counts: bool, body: &str, id: &str) -> bool;
     fn busy(id: &str) -> bool;
-    fn later(ms: u32);
     fn page(referrer: bool) -> String;
     fn same(url: &str, path_only: bool) -> bool;
-    fn want(busuanzi: bool) -> bool;
     fn fill(answer: &str, busuanzi: bool);
-    fn listen(spa: bool);
 }
 
 /// The browser, as seen through `js/host.js`.
@@ -42,7 +39,7 @@ struct Web;
 
 impl Host for Web {
     fn now_ms(&self) -> u64 {
-        now() as u64
+        num(0, 0) as u64
     }
     fn random(&self, buf: &mut [u8]) {
         rand(buf)
@@ -63,7 +60,7 @@ impl Host for Web {
         send(api, false, body, "")
     }
     fn schedule(&mut self, delay_ms: u32) {
-        later(delay_ms)
+        num(1, delay_ms);
     }
     fn href(&self) -> String {
         page(false)
@@ -75,13 +72,13 @@ impl Host for Web {
         page(true)
     }
     fn wants_counts(&self, busuanzi: bool) -> bool {
-        want(busuanzi)
+        num(2, busuanzi.into()) != 0.0
     }
     fn fill(&mut self, answer: &str, busuanzi: bool) {
         fill(answer, busuanzi)
     }
     fn listen(&mut self, spa: bool) {
-        listen(spa)
+        num(3, spa.into());
     }
 }
 
@@ -99,21 +96,21 @@ thread_local! {
 ///
 /// Calls before the start, a second start, and re-entrant calls are ignored.
 #[wasm_bindgen]
-pub fn run(op: u32, s: u32, w: f64, a: Option<String>, b: Option<String>, c: Option<String>) {
+pub fn run(op: u32, s: u32, w: f64, a: &str, b: &str, c: &str) {
+    let some = |x: &str| (!x.is_empty()).then(|| x.to_owned());
     CLIENT.with(|cell| {
         let Ok(mut slot) = cell.try_borrow_mut() else {
             return;
         };
         let Some(client) = slot.as_mut() else {
             if op == 0 {
-                let opts = Options::new(a.unwrap_or_default(), b.unwrap_or_default(), s);
-                *slot = Some(Client::start(Web, opts));
+                *slot = Some(Client::start(Web, Options::new(a.into(), b.into(), s)));
             }
             return;
         };
         match op {
-            1 => client.command(a.as_deref().unwrap_or_default(), b, c),
-            2 => client.answer(&b.unwrap_or_default(), s as u16, w as u64, a.as_deref()),
+            1 => client.command(a, some(b), some(c)),
+            2 => client.answer(b, s as u16, w as u64, Some(a).filter(|t| !t.is_empty())),
             3 => client.tick(),
             4 => client.hide(),
             5 => client.navigate(Navigation::Push),

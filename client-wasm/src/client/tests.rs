@@ -572,6 +572,11 @@ fn storage_full_after_the_start_keeps_the_queue_in_memory() {
     assert_eq!(again[0].1, first.1);
 }
 
+/// `s` up to (not including) the first byte that `stop` matches.
+fn before(s: &str, stop: impl Fn(u8) -> bool) -> &str {
+    s.bytes().position(stop).map_or(s, |i| &s[..i])
+}
+
 /// The fake browser's URL comparison (the real one is the browser's URL parser): the URL
 /// without its fragment.
 fn without_fragment(url: &str) -> &str {
