@@ -54,6 +54,9 @@ pub struct ServeArgs {
     /// Length of the live window in seconds.
     #[arg(long, env = "TALLY_LIVE_WINDOW_SECS")]
     pub live_window_secs: Option<u32>,
+    /// Script hits (records) one source may send per minute before 429 (0 = no limit).
+    #[arg(long, env = "TALLY_RATE_LIMIT_PER_MINUTE")]
+    pub rate_limit_per_minute: Option<u32>,
     /// Seconds within which repeated badge/pixel fetches from one source count once (0 = off).
     #[arg(long, env = "TALLY_REPEAT_INTERVAL_SECS")]
     pub repeat_interval_secs: Option<u32>,
@@ -73,6 +76,7 @@ pub struct ServeConfig {
     pub trust_proxy: bool,
     pub live_window_secs: u32,
     pub repeat_interval_secs: u32,
+    pub rate_limit_per_minute: u32,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -92,6 +96,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("trust_proxy", &self.trust_proxy)
             .field("live_window_secs", &self.live_window_secs)
             .field("repeat_interval_secs", &self.repeat_interval_secs)
+            .field("rate_limit_per_minute", &self.rate_limit_per_minute)
             .finish()
     }
 }
@@ -124,6 +129,9 @@ pub enum ConfigError {
 
 /// Default database file.
 pub const DEFAULT_DB: &str = "tally.sqlite";
+/// Script hits one source may send per minute by default: far above what a reader makes
+/// (a page view per click), far below a flood.
+pub const DEFAULT_RATE_LIMIT_PER_MINUTE: u32 = 120;
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
@@ -195,6 +203,10 @@ impl ServeConfig {
                 .repeat_interval_secs
                 .or(f.repeat_interval_secs)
                 .unwrap_or(10),
+            rate_limit_per_minute: args
+                .rate_limit_per_minute
+                .or(f.rate_limit_per_minute)
+                .unwrap_or(DEFAULT_RATE_LIMIT_PER_MINUTE),
         })
     }
 

@@ -9,6 +9,7 @@ pub mod config;
 pub mod core;
 pub mod http;
 pub mod ingest;
+pub mod limits;
 pub mod metrics;
 pub mod privacy;
 pub mod sites;

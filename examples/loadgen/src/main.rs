@@ -158,8 +158,17 @@ async fn spawn_tally(
         );
     }
     let mut cmd = Command::new(tally);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--auto-sites", "--db"])
-        .arg(db);
+    // All load comes from one source: the per-source rate limit is off.
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--auto-sites",
+        "--rate-limit-per-minute",
+        "0",
+        "--db",
+    ])
+    .arg(db);
     cmd.args(extra.split_whitespace());
     cmd.env("TALLY_LOG", "error");
     spawn(cmd).await

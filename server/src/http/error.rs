@@ -40,6 +40,9 @@ pub enum ApiError {
     /// 415: not JSON or text/plain.
     #[error("content-type must be application/json or text/plain")]
     UnsupportedMediaType,
+    /// 429: this source sent more than its per-minute allowance; retry after the wait.
+    #[error("too many hits from this source; retry after {retry_after} s")]
+    RateLimited { retry_after: u64 },
     /// 503: the ingest queue is full; retry after a second.
     #[error("the collector is overloaded; retry later")]
     Overloaded,
@@ -67,6 +70,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Overloaded | ApiError::StorageUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -80,6 +84,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::TooLarge { .. } => "body_too_large",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
+            ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Overloaded => "overloaded",
             ApiError::StorageUnavailable => "storage_unavailable",
         }
@@ -87,6 +92,7 @@ impl ApiError {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
+            ApiError::RateLimited { retry_after } => Some(*retry_after),
             ApiError::Overloaded => Some(RETRY_AFTER_OVERLOAD),
             ApiError::StorageUnavailable => Some(RETRY_AFTER_STORE),
             _ => None,

@@ -142,6 +142,30 @@ pub fn observe(state: &AppState, record: &Record, outcome: Outcome) {
     }
 }
 
+/// The per-source rate limit: one record per site mentioned (a batch may mix sites).
+fn admit<'a>(
+    state: &AppState,
+    sender: &Sender,
+    sites: impl Iterator<Item = &'a crate::core::ids::SiteId>,
+) -> Result<(), ApiError> {
+    let mut per_site: Vec<(&crate::core::ids::SiteId, usize)> = Vec::new();
+    for site in sites {
+        match per_site.iter_mut().find(|(s, _)| *s == site) {
+            Some((_, n)) => *n += 1,
+            None => per_site.push((site, 1)),
+        }
+    }
+    for (site, n) in per_site {
+        state
+            .limiter
+            .check(site, sender.ip, &sender.user_agent, n)
+            .map_err(|wait| ApiError::RateLimited {
+                retry_after: wait.as_secs().max(1),
+            })?;
+    }
+    Ok(())
+}
+
 fn status_of(outcome: Outcome) -> Status {
     match outcome {
         Outcome::Accepted => Status::Accepted,
@@ -166,7 +190,7 @@ fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
 /// Record a 4xx in the metrics on its way out.
 fn rejected(state: &AppState, e: ApiError) -> ApiError {
     match &e {
-        ApiError::Overloaded | ApiError::StorageUnavailable => {
+        ApiError::Overloaded | ApiError::StorageUnavailable | ApiError::RateLimited { .. } => {
             state
                 .metrics
                 .refused
@@ -203,6 +227,7 @@ async fn hit(
                 Status::Filtered
             }
             Prepared::Record(record) => {
+                admit(&state, &sender, std::iter::once(&record.site))?;
                 let outcome = state.ingest.submit(vec![(*record).clone()]).await?;
                 let outcome = outcome.first().copied().unwrap_or(Outcome::Duplicate);
                 observe(&state, &record, outcome);
@@ -283,6 +308,7 @@ async fn events(
             }
         }
         if !records.is_empty() {
+            admit(&state, &sender, records.iter().map(|r| &r.site))?;
             let outcomes = state.ingest.submit(records.clone()).await?;
             for ((slot, record), outcome) in slots.into_iter().zip(&records).zip(outcomes) {
                 observe(&state, record, outcome);

@@ -31,6 +31,7 @@ use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::LiveWindow;
 use crate::core::suppress::Suppressor;
 use crate::ingest::Ingest;
+use crate::limits::SourceLimiter;
 use crate::metrics::Metrics;
 use crate::privacy::SourceHasher;
 use crate::sites::SiteRegistry;
@@ -62,6 +63,8 @@ pub struct AppState {
     pub hasher: Arc<SourceHasher>,
     /// The bot user-agent list, compiled once.
     pub bots: Arc<isbot::Bots>,
+    /// Per-source limit of script hits.
+    pub limiter: Arc<SourceLimiter>,
     /// Badge and pixel repeat suppression (sources without a visitor id).
     pub suppressor: Arc<Mutex<Suppressor>>,
     /// Verdicts of recently seen user agents (the list is a large regex; agents repeat).
@@ -78,6 +81,7 @@ impl AppState {
         metrics: Arc<Metrics>,
     ) -> Self {
         let repeat_interval_secs = config.repeat_interval_secs;
+        let rate_limit_per_minute = config.rate_limit_per_minute;
         Self {
             sites: Arc::new(SiteRegistry::new(Arc::clone(&store), config.auto_sites)),
             hasher: Arc::new(SourceHasher::new(Arc::clone(&store))),
@@ -88,6 +92,7 @@ impl AppState {
             config: Arc::new(config),
             bots: Arc::new(isbot::Bots::default()),
             bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
+            limiter: Arc::new(SourceLimiter::new(rate_limit_per_minute)),
             suppressor: Arc::new(Mutex::new(Suppressor::new(
                 i64::from(repeat_interval_secs) * 1000,
                 SUPPRESSOR_KEYS,

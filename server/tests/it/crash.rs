@@ -20,7 +20,15 @@ const ACKED_BEFORE_KILL: usize = 3_000;
 
 async fn start(db: &Path) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--auto-sites", "--db"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--auto-sites",
+            "--rate-limit-per-minute",
+            "0",
+            "--db",
+        ])
         .arg(db)
         .env("TALLY_LOG", "warn")
         .stdout(Stdio::piped())

@@ -283,3 +283,52 @@ async fn cors_is_narrow_stats_json_is_never_readable_cross_origin() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_flooding_source_gets_429_with_retry_after_and_nothing_is_lost() {
+    let mut app = crate::support::spawn_app_with(crate::support::Options {
+        configure: |c| c.rate_limit_per_minute = 3,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let ids: Vec<String> = (0..4).map(|_| event_id_at(app.now())).collect();
+    for id in &ids[..3] {
+        assert_eq!(
+            app.hit_status(&pageview(id, Some(V1), "/a")).await,
+            "accepted"
+        );
+    }
+    let r = app.post_hit(&pageview(&ids[3], Some(V1), "/a")).await;
+    assert_eq!(r.status(), 429);
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(
+        r.json::<Value>().await.expect("json")["error"],
+        "rate_limited"
+    );
+    // Another source is not affected; the refused hit was not counted.
+    let other = app
+        .client
+        .post(app.url("/api/v1/hit"))
+        .header("user-agent", "Mozilla/5.0 (Macintosh) Safari/605")
+        .header("content-type", "text/plain")
+        .body(pageview(&event_id_at(app.now()), Some(V2), "/a").to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(
+        other.json::<Value>().await.expect("json")["status"],
+        "accepted"
+    );
+    assert_eq!(app.counts("/a").await.page.views, 4);
+    assert!(
+        app.metrics()
+            .await
+            .contains(r#"tally_refused_total{reason="rate_limited"} 1"#)
+    );
+    app.stop().await;
+}
