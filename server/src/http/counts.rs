@@ -60,9 +60,14 @@ pub async fn counts_for(
 
 /// The live numbers of a whole site at `now_ms`.
 pub fn live_of(state: &AppState, site: &SiteId, now_ms: i64) -> Live {
+    live_of_key(state, &(site.clone(), None), now_ms)
+}
+
+/// The live numbers of a live key (a site, or one of its pages) at `now_ms`.
+pub fn live_of_key(state: &AppState, key: &super::LiveKey, now_ms: i64) -> Live {
     match state.live.lock() {
         Ok(mut live) => {
-            let n = live.read(&(site.clone(), None), now_ms);
+            let n = live.read(key, now_ms);
             Live {
                 events: n.events,
                 visitors: n.visitors,

@@ -271,6 +271,8 @@ struct Row {
     visitors: String,
     /// Bar width in percent of the first row.
     share: u64,
+    /// Distinct visitors on this page in the live window (pages only).
+    live: u64,
 }
 
 #[derive(Template)]
@@ -398,6 +400,12 @@ async fn page(
             .into_iter()
             .map(|p| Row {
                 share: share(p.views, top_page),
+                live: PagePath::parse(&p.page)
+                    .map(|page| {
+                        let key = (site.id.clone(), Some(page));
+                        super::counts::live_of_key(&state, &key, now.as_millisecond()).visitors
+                    })
+                    .unwrap_or(0),
                 label: p.page,
                 views: group(p.views),
                 visitors: group(p.visitors),
@@ -407,6 +415,7 @@ async fn page(
             .into_iter()
             .map(|r| Row {
                 share: share(r.views, top_ref),
+                live: 0,
                 label: r.host,
                 views: group(r.views),
                 visitors: String::new(),

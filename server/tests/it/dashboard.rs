@@ -131,6 +131,10 @@ async fn series_and_top_json_match_the_data() {
 async fn dashboard_html_shows_the_numbers_escaped() {
     let mut app = spawn_app_with(options()).await;
     fill(&app).await;
+    // One fresh view: /post has one visitor "now" (the live column).
+    let now = json!({"site": "blog", "type": "pageview", "event_id": event_id_at(app.now()),
+        "visitor_id": v(9), "url": "https://blog.example/post", "referrer": null});
+    assert_eq!(app.hit_status(&now).await, "accepted");
     let r = app.get("/dashboard/blog?range=7d").await;
     assert_eq!(r.status(), 200);
     assert!(
@@ -152,6 +156,14 @@ async fn dashboard_html_shows_the_numbers_escaped() {
         .iter()
         .any(|e| html.contains(e)),
         "{html}"
+    );
+    let post_row = html
+        .lines()
+        .find(|l| l.contains(">/post<"))
+        .expect("a /post row");
+    assert!(
+        post_row.contains(r#"<td class="n live">1</td>"#),
+        "{post_row}"
     );
     assert!(html.contains("news.example"));
     assert!(
