@@ -8,6 +8,6 @@ pub const GLUE_NAME: &str = "tally-48145351504d.js";
 /// The glue (an ES module with the host functions inlined).
 pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-48145351504d.js"));
 /// File name of the WebAssembly module (content-hashed: immutable).
-pub const WASM_NAME: &str = "tally-7768caa43ecd.wasm";
+pub const WASM_NAME: &str = "tally-bd3e1a55f581.wasm";
 /// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-7768caa43ecd.wasm"));
+pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-bd3e1a55f581.wasm"));

@@ -44,6 +44,7 @@ pub fn to_string<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
 
 /// Appends the decimal form of `n` (no `format!`: it would pull in `core::fmt`'s integer code).
 pub fn push_u64(out: &mut String, mut n: u64) {
+    // Index loops: iterator adapters cost several times more WebAssembly here.
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {
@@ -54,8 +55,9 @@ pub fn push_u64(out: &mut String, mut n: u64) {
             break;
         }
     }
-    for &b in &buf[i..] {
-        out.push(char::from(b));
+    while i < buf.len() {
+        out.push(char::from(buf[i]));
+        i += 1;
     }
 }
 
@@ -63,23 +65,35 @@ pub fn push_u64(out: &mut String, mut n: u64) {
 pub fn push_str(out: &mut String, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                out.push_str("\\u00");
-                out.push(char::from(HEX[(c as usize) >> 4]));
-                out.push(char::from(HEX[(c as usize) & 15]));
+    // Byte by byte: only ASCII bytes are ever escaped, so every cut below is at a char
+    // boundary and the runs in between (UTF-8 included) are copied as they are.
+    let b = s.as_bytes();
+    let (mut run, mut i) = (0, 0);
+    while i < b.len() {
+        let c = b[i];
+        let short = match c {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            8 => "\\b",
+            12 => "\\f",
+            0..=31 => "\\u00",
+            _ => "",
+        };
+        if !short.is_empty() {
+            out.push_str(&s[run..i]);
+            out.push_str(short);
+            if short.len() > 2 {
+                out.push(char::from(HEX[usize::from(c >> 4)]));
+                out.push(char::from(HEX[usize::from(c & 15)]));
             }
-            c => out.push(c),
+            run = i + 1;
         }
+        i += 1;
     }
+    out.push_str(&s[run..]);
     out.push('"');
 }
 
