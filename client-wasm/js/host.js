@@ -1,9 +1,9 @@
 // Tally host functions: the only place the WebAssembly client touches browser APIs.
 //
 // Contract: each function is imported by src/web.rs. scripts/build-snippet.sh inlines this
-// file into the wasm-bindgen glue (replacing the glue's import of it), so the free names
+// file into the wasm-bindgen glue (replacing the glue's import of it), so the free name
 // `run` below is the glue's own export (src/web.rs: the op codes). Nothing here throws:
-// storage errors become null/false, a failed fetch becomes the answer (token, 0), and every call
+// storage errors become null/false, a failed fetch becomes an answer with status 0, and every call
 // back into the module is wrapped so a fault there cannot reach the page.
 // Full-line comments are stripped at build time; keep the code itself compact.
 

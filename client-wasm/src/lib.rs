@@ -4,12 +4,13 @@
 //! Contract (SPEC §3; user documentation in docs/client.md):
 //! - The loader `js/loader.js` (served as `/tally.js`) reads the script tag's `data-*`
 //!   options, queues `window.tally(...)` calls, skips local pages and (optionally) Do Not
-//!   Track, and instantiates this module with streaming compilation. It then calls the
-//!   exported `start`, `cmd`, and — through `js/host.js` — `done`, `tick`, `nav` and `hide`.
+//!   Track, and instantiates this module with streaming compilation. It then calls the one
+//!   export, `run(op, ...)`: to start, and for each `window.tally(...)` call; `js/host.js`
+//!   calls it for answers, timers, history changes and page hides.
 //! - [`client`] holds all behaviour as plain Rust over the [`client::Host`] trait; [`json`],
 //!   [`ids`], [`retry`] and [`queue`] are its pure building blocks. They compile and are
 //!   tested natively (`cargo test -p tally-client`).
-//! - `web` (wasm32 only) binds the host trait to `js/host.js` and exports the entry points;
+//! - `web` (wasm32 only) binds the host trait to `js/host.js` and exports the entry point;
 //!   nothing it exports ever throws into the page on bad input (all inputs are plain strings
 //!   and numbers; every failure is swallowed or retried).
 //! - The hits sent are `tally_wire::Hit` values: the wire format's one definition.

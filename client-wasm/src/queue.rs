@@ -88,7 +88,8 @@ pub fn edit(text: &str, now_ms: u64, mut f: impl FnMut(&mut Head, &str, &str) ->
     kept.into()
 }
 
-/// Reads the stored form into owned entries (tests and diagnostics; the client uses [`edit`]).
+/// Reads the stored form into owned entries, as [`edit`] would keep them (at most
+/// [`MAX_ENTRIES`]): for tests and diagnostics; the client itself uses [`edit`].
 pub fn decode(text: &str) -> Vec<Entry> {
     let mut entries = Vec::new();
     edit(text, 0, |&mut head, id, body| {
