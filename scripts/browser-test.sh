@@ -6,7 +6,11 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-if [[ -z ${TALLY_BIN:-} ]]; then cargo build --bin tally; fi
+if [[ -z ${TALLY_BIN:-} ]]; then
+  cargo build --bin tally
+  # Where cargo put it (CARGO_TARGET_DIR may point elsewhere).
+  export TALLY_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/tally
+fi
 if [[ ! -x ${CHROMIUM:-/usr/bin/chromium} ]]; then
   SUDO=; [[ $(id -u) -eq 0 ]] || SUDO=sudo
   $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium

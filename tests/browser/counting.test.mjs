@@ -5,7 +5,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
   startTally, startSite, launchBrowser, newProfile, pageHtml, counts, countsWhere, waitFor,
-  storageKeys, tempDir, cleanup, tallyCommand,
+  storageKeys, tempDir, cleanup, tallyCommand, hitsLogged,
 } from './support.mjs';
 
 let dir, tally, site, browser;
@@ -155,6 +155,7 @@ test('data-storage="none": counted, no visitor id, nothing written to storage', 
   const page = await context.newPage();
   await page.goto(url);
   await countsWhere(tally.url, 'nostore', '/nostore/a', (c) => c.site.views === 1);
+  await hitsLogged(log, 1);
   assert.equal(JSON.parse(log.hits[0].body).visitor_id, null);
   assert.deepEqual(await storageKeys(page), []);
   await context.close();
@@ -171,6 +172,7 @@ test('storage that throws: still counted (session, then memory fallback)', async
   const page = await context.newPage();
   await page.goto(url);
   await countsWhere(tally.url, 'throwing', '/throwing/a', (c) => c.site.views === 1 && c.site.visitors === 1);
+  await hitsLogged(log, 1);
   assert.match(JSON.parse(log.hits[0].body).visitor_id, /^[0-9a-f-]{36}$/, 'an in-memory visitor id');
   assert.deepEqual(log.errors, []);
   await context.close();
@@ -189,6 +191,7 @@ test('localhost and *.localhost pages are skipped unless data-allow-local', asyn
   assert.equal(log.hits.length, 0);
   await page.goto(`${site.localhost}/local/allow`);
   await countsWhere(tally.url, 'local-allow', '/local/allow', (c) => c.site.views === 1);
+  await hitsLogged(log, 1);
   assert.equal(log.hits.length, 1, 'only the allowed page sent anything');
   assert.equal((await counts(tally.url, 'local-skip', '/local/skip')).site.views, 0);
   await context.close();
@@ -213,6 +216,7 @@ test('CORS: an allowed origin counts on a registered site, any other origin is r
       const refused = page.waitForResponse((r) => r.url().includes('/api/v1/hit'));
       await page.goto(`${other.origin}/cors/a`);
       assert.equal((await refused).status(), 403);
+      await hitsLogged(log, 2);
       assert.equal(log.hits.length, 2);
       assert.equal((await counts(strict.url, 'corsblog', '/cors/a')).site.views, 1, 'the refused origin was not counted');
       // Refused for good: the client dropped it instead of retrying.
@@ -241,6 +245,7 @@ test('data-respect-dnt: Do Not Track / Global Privacy Control visitors are not c
     assert.ok(!log.requests.some((u) => u.includes('/tally-')), `${signal}: the module was not even loaded`);
     await page.goto(`${site.origin}/dnt/ignore`); // without data-respect-dnt the signal is not honoured
     await countsWhere(tally.url, 'dnt', '/dnt/ignore', (c) => c.page.views === (signal === 'doNotTrack' ? 1 : 2));
+    await hitsLogged(log, 1);
     assert.equal(log.hits.length, 1);
     await context.close();
   }

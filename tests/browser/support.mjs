@@ -198,6 +198,12 @@ export async function waitFor(probe, { timeout = 20000, interval = 50, what = 'c
   }
 }
 
+/// Waits until the profile's log holds at least `n` hits and returns them. The browser reports
+/// a request to the test asynchronously, so the server may count a hit before the log has it.
+export function hitsLogged(log, n) {
+  return waitFor(() => (log.hits.length >= n ? log.hits : null), { what: `${n} hit(s) in the request log` });
+}
+
 /// GET /api/v1/counts, straight from the collector.
 export async function counts(api, site, page = '/') {
   const r = await fetch(`${api}/api/v1/counts?site=${encodeURIComponent(site)}&page=${encodeURIComponent(page)}`);
