@@ -1,4 +1,4 @@
-// tally.js: Tally's loader (docs/client.md). Full-line comments are stripped at build time,
+// tally.js: Tally's loader (README.md, "The browser snippet"). Full-line comments are stripped at build time,
 // and __GLUE__ / __WASM__ become the content-hashed names of the module files.
 //
 // Contract: reads the data-* options of its own <script> tag; makes window.tally(...) (and

@@ -10,7 +10,7 @@
 //!   counters) is handed to the browser's own `JSON.parse` in `js/host.js`.
 //!
 //! Why not `serde_json`: it adds ~36 KB to the WebAssembly module, more than four times the
-//! whole size budget (see docs/architecture-client.md). The serde derives of `tally-wire` stay
+//! whole size budget (see ARCHITECTURE.md, "The browser client"). The serde derives of `tally-wire` stay
 //! the one definition of the format; only the byte-level encoder is ours.
 
 use serde::ser::{self, Impossible, Serialize};

@@ -210,10 +210,14 @@ test('CORS: an allowed origin counts on a registered site, any other origin is r
       other.pages['/cors/a'] = html;
       const { context, log } = await newProfile(browser);
       const page = await context.newPage();
+      const isHit = (r) => r.url().includes('/api/v1/hit');
+      // Wait for the browser to report the first answer too, so the wait below cannot see it.
+      const accepted = page.waitForResponse(isHit);
       await page.goto(`${site.origin}/cors/a`);
+      assert.equal((await accepted).status(), 200);
       await countsWhere(strict.url, 'corsblog', '/cors/a', (c) => c.site.views === 1);
 
-      const refused = page.waitForResponse((r) => r.url().includes('/api/v1/hit'));
+      const refused = page.waitForResponse(isHit);
       await page.goto(`${other.origin}/cors/a`);
       assert.equal((await refused).status(), 403);
       await hitsLogged(log, 2);
