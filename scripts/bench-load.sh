@@ -8,7 +8,7 @@ cargo build --release -q -p tally -p tally-loadgen
 # Default durability (synchronous=FULL: an fsync per commit), then crash-only durability.
 target/release/tally-loadgen run --duration "$secs" --connections 64 --duplicates 25 "${@:2}"
 if [[ -z ${SKIP_NORMAL:-} ]]; then
-  target/release/tally-loadgen run --duration "$secs" --connections 64 --duplicates 25 --tally-args "--sync normal"
+  target/release/tally-loadgen run --duration "$secs" --connections 64 --duplicates 25 --tally-args="--sync normal"
 fi
 if [[ -z ${SKIP_MEMORY:-} ]]; then
   target/release/tally-loadgen memory --visitors "${VISITORS:-1000000}"

@@ -11,11 +11,6 @@ use tally::core::day::SiteZone;
 use tally::core::ids::{PagePath, SiteId};
 use tally::store::Site;
 
-/// mimalloc instead of glibc malloc: the hit path allocates many small short-lived buffers
-/// (JSON, headers, records); measured ~10% of server CPU in glibc's malloc/free under load.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "tally",
