@@ -45,6 +45,17 @@ impl SiteZone {
         at.to_zoned(self.tz.clone()).date()
     }
 
+    /// The instants covered by the local days `from..=to`: `[start of from, start of to + 1)`.
+    pub fn span(&self, from: Date, to: Date) -> (Timestamp, Timestamp) {
+        let start = |d: Date| {
+            d.to_zoned(self.tz.clone())
+                .map(|z| z.timestamp())
+                .unwrap_or(Timestamp::UNIX_EPOCH)
+        };
+        let end = to.tomorrow().map(start).unwrap_or(Timestamp::MAX);
+        (start(from), end)
+    }
+
     /// The `n` local days ending with the day of `at` (oldest first).
     pub fn last_days(&self, at: Timestamp, n: u32) -> Vec<Date> {
         let today = self.day_of(at);
@@ -72,6 +83,18 @@ mod tests {
         let after: Timestamp = "2026-02-28T23:00:00Z".parse().expect("ts");
         assert_eq!(day_key(zone.day_of(before)), "2026-02-28");
         assert_eq!(day_key(zone.day_of(after)), "2026-03-01");
+    }
+
+    #[test]
+    fn span_covers_whole_local_days() {
+        let zone = SiteZone::parse("Europe/Berlin").expect("zone");
+        let (a, b) = zone.span(
+            jiff::civil::date(2026, 3, 28),
+            jiff::civil::date(2026, 3, 29),
+        );
+        assert_eq!(a.to_string(), "2026-03-27T23:00:00Z");
+        // The DST night makes 2026-03-29 23 hours long.
+        assert_eq!(b.to_string(), "2026-03-29T22:00:00Z");
     }
 
     #[test]

@@ -165,13 +165,15 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<PageRow>, StoreError>;
 
-    /// The `limit` referring hosts with most views over `from..=to` (from raw events, so only
-    /// within the raw-event retention).
+    /// The `limit` referring hosts with most views over the local days `from..=to`, whose
+    /// instants are `span` (`SiteZone::span`), from raw events, so only within the raw-event
+    /// retention.
     async fn top_referrers(
         &self,
         site: &SiteId,
         from: Date,
         to: Date,
+        span: (jiff::Timestamp, jiff::Timestamp),
         limit: u32,
     ) -> Result<Vec<ReferrerRow>, StoreError>;
 
