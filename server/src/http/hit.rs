@@ -6,6 +6,7 @@
 //! hash of the source) → [`Record`] with its local day → ingest queue → commit → outcome.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
@@ -15,14 +16,16 @@ use axum::http::{HeaderMap, header};
 use axum::routing::post;
 use serde_json::Value;
 use tally_wire::{
-    BatchResponse, BatchResult, Counts, Hit, HitResponse, MAX_BATCH_BYTES, MAX_BATCH_RECORDS,
+    BatchResponse, BatchResult, Hit, HitResponse, MAX_BATCH_BYTES, MAX_BATCH_RECORDS,
     MAX_HIT_BYTES, Status,
 };
 
 use super::error::json_error;
 use super::{ApiError, AppState, check_content_type, origin, read_body};
 use crate::core::hit::{HitKind, ValidHit};
+use crate::core::ids::PagePath;
 use crate::core::record::{Outcome, Record, Source};
+use crate::store::Site;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -64,10 +67,10 @@ pub fn filter_reason(state: &AppState, sender: &Sender) -> Option<&'static str> 
     }
 }
 
-/// A record ready for the queue, or the status it gets without one.
+/// A record ready for the queue, or filtered; both with the site and page they belong to.
 enum Prepared {
-    Record(Box<Record>),
-    Filtered,
+    Record(Box<Record>, Arc<Site>),
+    Filtered(Arc<Site>, PagePath),
 }
 
 async fn prepare(
@@ -87,7 +90,7 @@ async fn prepare(
             .filtered
             .get_or_create(&crate::metrics::ReasonLabel { reason })
             .inc();
-        return Ok(Prepared::Filtered);
+        return Ok(Prepared::Filtered(site, valid.page));
     }
     let visitor = match valid.visitor {
         Some(v) => v,
@@ -101,7 +104,7 @@ async fn prepare(
         }
     };
     let at = valid.event_id.time();
-    Ok(Prepared::Record(Box::new(Record {
+    let record = Record {
         event_id: valid.event_id,
         day: site.zone.day_of(at),
         site: valid.site,
@@ -111,7 +114,8 @@ async fn prepare(
         visitor,
         at_ms: at.as_millisecond(),
         referrer: valid.referrer,
-    })))
+    };
+    Ok(Prepared::Record(Box::new(record), site))
 }
 
 /// After commit: metrics and the live window.
@@ -221,32 +225,26 @@ async fn hit(
         let hit: Hit = parse_body(&bytes)?;
         let sender = Sender::from_request(&state, peer, &headers);
         let now = state.clock.now();
-        let status = match prepare(&state, &hit, &sender, now).await? {
-            Prepared::Filtered => {
+        let (status, site, page) = match prepare(&state, &hit, &sender, now).await? {
+            Prepared::Filtered(site, page) => {
                 state.metrics.hit("filtered");
-                Status::Filtered
+                (Status::Filtered, site, page)
             }
-            Prepared::Record(record) => {
+            Prepared::Record(record, site) => {
                 admit(&state, &sender, std::iter::once(&record.site))?;
                 let outcome = state.ingest.submit(vec![(*record).clone()]).await?;
                 let outcome = outcome.first().copied().unwrap_or(Outcome::Duplicate);
                 observe(&state, &record, outcome);
-                status_of(outcome)
+                (status_of(outcome), site, record.page)
             }
         };
         let counts = match wants_counts(query.as_deref()) {
-            true => Some(counts_after(&state, &hit).await?),
+            true => Some(super::counts::counts_for(&state, &site, &page).await?),
             false => None,
         };
         Ok(Json(HitResponse { status, counts }))
     };
     run.await.map_err(|e| rejected(&state, e))
-}
-
-async fn counts_after(state: &AppState, hit: &Hit) -> Result<Counts, ApiError> {
-    let valid = ValidHit::parse(hit, state.clock.now(), state.config.window)?;
-    let site = state.sites.get(&valid.site).await?;
-    super::counts::counts_for(state, &site, &valid.page).await
 }
 
 async fn events(
@@ -290,12 +288,12 @@ async fn events(
                 error: error.map(str::to_owned),
             };
             match prepared {
-                Ok(Prepared::Record(record)) => {
+                Ok(Prepared::Record(record, _)) => {
                     slots.push(results.len());
                     records.push(*record);
                     results.push(result(Status::Accepted, None));
                 }
-                Ok(Prepared::Filtered) => {
+                Ok(Prepared::Filtered(..)) => {
                     state.metrics.hit("filtered");
                     results.push(result(Status::Filtered, None));
                 }
