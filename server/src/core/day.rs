@@ -1,9 +1,9 @@
 //! Day boundaries. Timestamps are stored in UTC; each site has an IANA time zone, and a hit
 //! belongs to the calendar day its timestamp falls on in that zone.
 
+use jiff::Timestamp;
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
-use jiff::{Timestamp, ToSpan};
 
 /// A parsed IANA time zone together with its name.
 #[derive(Debug, Clone)]
@@ -55,15 +55,6 @@ impl SiteZone {
         let end = to.tomorrow().map(start).unwrap_or(Timestamp::MAX);
         (start(from), end)
     }
-
-    /// The `n` local days ending with the day of `at` (oldest first).
-    pub fn last_days(&self, at: Timestamp, n: u32) -> Vec<Date> {
-        let today = self.day_of(at);
-        (0..i64::from(n))
-            .rev()
-            .filter_map(|back| today.checked_sub(back.days()).ok())
-            .collect()
-    }
 }
 
 /// The stored form of a day: `YYYY-MM-DD`.
@@ -100,13 +91,5 @@ mod tests {
     #[test]
     fn unknown_zone_is_an_error() {
         assert!(SiteZone::parse("Mars/Olympus").is_err());
-    }
-
-    #[test]
-    fn last_days_are_oldest_first() {
-        let zone = SiteZone::utc();
-        let at: Timestamp = "2026-01-02T10:00:00Z".parse().expect("ts");
-        let days: Vec<String> = zone.last_days(at, 3).into_iter().map(day_key).collect();
-        assert_eq!(days, ["2025-12-31", "2026-01-01", "2026-01-02"]);
     }
 }

@@ -18,7 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -297,6 +297,3 @@ pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
         _ => Err(ApiError::UnsupportedMediaType),
     }
 }
-
-/// Shared state handle for handlers.
-pub type AppStateExt = State<AppState>;
