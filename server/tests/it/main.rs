@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod badge;
+mod cli;
 mod concurrency;
 mod crash;
 mod dashboard;

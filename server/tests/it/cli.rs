@@ -1,0 +1,188 @@
+//! The `tally` binary's configuration sources and commands, run as a user would.
+
+use std::process::Stdio;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+use crate::support::{client, event_id_at, pageview};
+
+fn tally() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tally"));
+    cmd.env_remove("TALLY_DB")
+        .env("TALLY_LOG", "warn")
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().await.expect("run tally");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// Starts `serve` as configured by `cmd` and returns the child and its base URL.
+async fn serve(mut cmd: Command) -> (tokio::process::Child, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .expect("read")
+        .expect("line");
+    (
+        child,
+        line.strip_prefix("listening on ")
+            .expect("listening line")
+            .to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn environment_and_config_file_configure_serve() {
+    let dir = tempfile::tempdir().expect("dir");
+    // Environment only: TALLY_DB, TALLY_LISTEN, TALLY_AUTO_SITES.
+    let mut cmd = tally();
+    cmd.arg("serve")
+        .env("TALLY_DB", dir.path().join("env.sqlite"))
+        .env("TALLY_LISTEN", "127.0.0.1:0")
+        .env("TALLY_AUTO_SITES", "true");
+    let (mut child, base) = serve(cmd).await;
+    let r = client()
+        .post(format!("{base}/api/v1/hit"))
+        .header("content-type", "text/plain")
+        .body(pageview(&event_id_at(jiff::Timestamp::now()), None, "/a").to_string())
+        .send()
+        .await
+        .expect("hit");
+    assert_eq!(
+        r.json::<Value>().await.expect("json")["status"],
+        "accepted",
+        "auto-sites from env"
+    );
+    child.start_kill().expect("kill");
+    assert!(dir.path().join("env.sqlite").exists(), "TALLY_DB was used");
+
+    // A TOML file; a flag overrides it.
+    let file = dir.path().join("tally.toml");
+    let db = dir.path().join("file.sqlite");
+    std::fs::write(
+        &file,
+        format!(
+            "db = {:?}\nlisten = \"127.0.0.1:1\"\nauto-sites = false\n",
+            db
+        ),
+    )
+    .expect("write");
+    let mut cmd = tally();
+    cmd.args(["--config"])
+        .arg(&file)
+        .args(["serve", "--listen", "127.0.0.1:0"]);
+    let (mut child, base) = serve(cmd).await;
+    let r = client()
+        .post(format!("{base}/api/v1/hit"))
+        .header("content-type", "text/plain")
+        .body(pageview(&event_id_at(jiff::Timestamp::now()), None, "/a").to_string())
+        .send()
+        .await
+        .expect("hit");
+    assert_eq!(
+        r.status(),
+        403,
+        "auto-sites off from the file: unknown site"
+    );
+    child.start_kill().expect("kill");
+    assert!(db.exists(), "the file's db was used");
+
+    // Unknown keys in the file are errors, not silently ignored.
+    std::fs::write(&file, "listne = \"127.0.0.1:0\"\n").expect("write");
+    let (ok, text) = run(tally().args(["--config"]).arg(&file).arg("serve")).await;
+    assert!(!ok && text.contains("listne"), "{text}");
+}
+
+#[tokio::test]
+async fn site_commands_and_verify_exit_codes() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("cli.sqlite");
+    let with_db = |args: &[&str]| {
+        let mut cmd = tally();
+        cmd.arg("--db").arg(&db).args(args);
+        cmd
+    };
+    let (ok, text) = run(&mut with_db(&[
+        "site",
+        "add",
+        "blog",
+        "--origin",
+        "https://Blog.Example.com/",
+        "--timezone",
+        "Europe/Berlin",
+        "--public",
+    ]))
+    .await;
+    assert!(ok, "{text}");
+    let (ok, text) = run(&mut with_db(&[
+        "site",
+        "add",
+        "bad",
+        "--origin",
+        "https://x.example",
+        "--timezone",
+        "Mars/Base",
+    ]))
+    .await;
+    assert!(!ok && text.contains("Mars/Base"), "{text}");
+    let (ok, text) = run(&mut with_db(&[
+        "site",
+        "add",
+        "Bad Id",
+        "--origin",
+        "https://x.example",
+    ]))
+    .await;
+    assert!(!ok, "{text}");
+    let (_, list) = run(&mut with_db(&["site", "list"])).await;
+    assert!(
+        list.contains("blog\tEurope/Berlin\tpublic\thttps://blog.example.com"),
+        "{list}"
+    );
+    let (ok, text) = run(&mut with_db(&[
+        "site",
+        "set-base",
+        "blog",
+        "--views",
+        "500",
+        "--visitors",
+        "40",
+    ]))
+    .await;
+    assert!(ok, "{text}");
+    let (ok, text) = run(&mut with_db(&["verify"])).await;
+    assert!(ok && text.contains(", 0 drifted"), "{text}");
+    // Tamper with a counter: verify fails (exit 1), --repair fixes it.
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open");
+        conn.execute(
+            "INSERT INTO counters VALUES ('blog', 0, '/x', '2026-01-01', 7, 7)",
+            [],
+        )
+        .expect("tamper");
+    }
+    let (ok, text) = run(&mut with_db(&["verify"])).await;
+    assert!(!ok && text.contains("1 drifted"), "{text}");
+    let (ok, text) = run(&mut with_db(&["verify", "--repair"])).await;
+    assert!(ok && text.contains("repaired"), "{text}");
+    let (ok, text) = run(&mut with_db(&["verify"])).await;
+    assert!(ok && text.contains(", 0 drifted"), "{text}");
+    let (ok, _) = run(&mut with_db(&["site", "remove", "blog"])).await;
+    assert!(ok);
+    let (ok, text) = run(&mut with_db(&["site", "remove", "blog"])).await;
+    assert!(!ok && text.contains("no site"), "{text}");
+}
