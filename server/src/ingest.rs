@@ -4,12 +4,11 @@
 //! - [`Ingest::submit`] puts a job (one or more records) on a bounded queue, or refuses at once
 //!   with [`IngestError::QueueFull`] — it never waits for room, so overload becomes a quick
 //!   503 with `Retry-After`, not a pile of hanging requests.
-//! - One writer (a thread of the blocking pool, woken directly by the queue) takes jobs off the
-//!   queue and commits them in batches: a batch closes when it holds `max_batch` records
-//!   (size), when `max_delay` has passed since its first job (time; the default 0 means
-//!   "commit what is queued as soon as the writer is free": jobs that arrive during a commit
-//!   form the next batch — measured 2x the throughput of a 2 ms wait under 64 clients), or
-//!   when the queue is closed (shutdown). Each job's answer is sent only after its batch's
+//! - One writer task takes jobs off the queue and commits them in batches: a batch closes when
+//!   it holds `max_batch` records (size), when `max_delay` has passed since its first job
+//!   (time; the default 0 means "commit what is queued as soon as the writer is free": jobs
+//!   that arrive during a commit form the next batch — measured 2x the throughput of a 2 ms
+//!   wait under 64 clients), or when the queue is closed (shutdown). Each job's answer is sent only after its batch's
 //!   commit returned, so a 2xx always means "durably stored".
 //! - When the commit fails, every job of the batch gets [`IngestError::Store`] and nothing of
 //!   the batch is counted (the store's transaction rolled back).
@@ -80,12 +79,7 @@ impl Ingest {
         metrics: Arc<Metrics>,
     ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(config.capacity.max(1));
-        let runtime = tokio::runtime::Handle::current();
-        let writer_metrics = Arc::clone(&metrics);
-        // The writer owns a thread of the blocking pool for the server's lifetime: it blocks on
-        // the queue and on commits, and a new job wakes it directly (no scheduler hop).
-        let writer =
-            tokio::task::spawn_blocking(move || writer(rx, store, config, writer_metrics, runtime));
+        let writer = tokio::spawn(writer(rx, store, config, Arc::clone(&metrics)));
         (Self { tx, metrics }, writer)
     }
 
@@ -111,15 +105,14 @@ impl Ingest {
     }
 }
 
-fn writer(
+async fn writer(
     mut rx: mpsc::Receiver<Job>,
     store: Arc<dyn Store>,
     config: IngestConfig,
     metrics: Arc<Metrics>,
-    runtime: tokio::runtime::Handle,
 ) {
     let mut jobs: Vec<Job> = Vec::new();
-    while let Some(first) = rx.blocking_recv() {
+    while let Some(first) = rx.recv().await {
         let deadline = first.enqueued + config.max_delay;
         let mut size = first.records.len();
         jobs.push(first);
@@ -129,10 +122,12 @@ fn writer(
                 Ok(job) => Some(job),
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
                 Err(mpsc::error::TryRecvError::Empty) if Instant::now() >= deadline => None,
-                Err(mpsc::error::TryRecvError::Empty) => runtime
-                    .block_on(tokio::time::timeout_at(deadline, rx.recv()))
-                    .ok()
-                    .flatten(),
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    tokio::time::timeout_at(deadline, rx.recv())
+                        .await
+                        .ok()
+                        .flatten()
+                }
             };
             let Some(job) = next else { break };
             size += job.records.len();
@@ -149,7 +144,7 @@ fn writer(
             records.extend(job.records);
         }
         let started = Instant::now();
-        let result = runtime.block_on(store.commit(records));
+        let result = store.commit(records).await;
         metrics
             .commit_seconds
             .observe(started.elapsed().as_secs_f64());
