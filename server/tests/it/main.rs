@@ -8,5 +8,6 @@ mod crash;
 mod dashboard;
 mod days;
 mod hits;
+mod overload;
 mod store_conformance;
 mod support;

@@ -103,6 +103,22 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     }
 }
 
+/// Polls `probe` until it is true; panics after 30 s (a condition wait, not a sleep-as-sync).
+pub async fn wait_until<F, Fut>(probe: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !probe().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached within 30 s"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A UUIDv7 event id whose time is `at`.
 pub fn event_id_at(at: Timestamp) -> String {
     let random: [u8; 10] = uuid::Uuid::new_v4().as_bytes()[..10]
