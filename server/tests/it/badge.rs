@@ -145,14 +145,7 @@ async fn badge_and_script_on_one_page_are_not_double_counted_and_bases_add() {
     let r = badge(&app, "?count=0&abbreviate=1", None).await;
     assert_eq!(title(&r.text().await.expect("svg")), "views: 1k");
     // Bases are never part of the raw-event recount.
-    assert!(
-        app.store
-            .verify(false)
-            .await
-            .expect("verify")
-            .drift
-            .is_empty()
-    );
+    app.assert_no_drift().await;
     app.stop().await;
 }
 

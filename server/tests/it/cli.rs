@@ -23,6 +23,17 @@ async fn run(cmd: &mut Command) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// POSTs one page view for site `blog` to a running binary.
+async fn post_hit(base: &str) -> reqwest::Response {
+    client()
+        .post(format!("{base}/api/v1/hit"))
+        .header("content-type", "text/plain")
+        .body(pageview(&event_id_at(jiff::Timestamp::now()), None, "/a").to_string())
+        .send()
+        .await
+        .expect("hit")
+}
+
 /// Starts `serve` as configured by `cmd` and returns the child and its base URL.
 async fn serve(mut cmd: Command) -> (tokio::process::Child, String) {
     let mut child = cmd
@@ -55,13 +66,7 @@ async fn environment_and_config_file_configure_serve() {
         .env("TALLY_LISTEN", "127.0.0.1:0")
         .env("TALLY_AUTO_SITES", "true");
     let (mut child, base) = serve(cmd).await;
-    let r = client()
-        .post(format!("{base}/api/v1/hit"))
-        .header("content-type", "text/plain")
-        .body(pageview(&event_id_at(jiff::Timestamp::now()), None, "/a").to_string())
-        .send()
-        .await
-        .expect("hit");
+    let r = post_hit(&base).await;
     assert_eq!(
         r.json::<Value>().await.expect("json")["status"],
         "accepted",
@@ -86,13 +91,7 @@ async fn environment_and_config_file_configure_serve() {
         .arg(&file)
         .args(["serve", "--listen", "127.0.0.1:0"]);
     let (mut child, base) = serve(cmd).await;
-    let r = client()
-        .post(format!("{base}/api/v1/hit"))
-        .header("content-type", "text/plain")
-        .body(pageview(&event_id_at(jiff::Timestamp::now()), None, "/a").to_string())
-        .send()
-        .await
-        .expect("hit");
+    let r = post_hit(&base).await;
     assert_eq!(
         r.status(),
         403,

@@ -68,8 +68,7 @@ async fn midnight_splits_days(zone: &'static str, last_second: &str) {
         "{zone}: the late event did not land today"
     );
     assert_eq!(c.page.views, 3);
-    let report = app.store.verify(false).await.expect("verify");
-    assert!(report.drift.is_empty(), "{:?}", report.drift);
+    app.assert_no_drift().await;
     app.stop().await;
 }
 

@@ -156,8 +156,7 @@ async fn custom_events_count_once_per_dedupe_key() {
         "accepted"
     );
     assert_eq!(app.hit_status(&purchase(None)).await, "accepted");
-    let report = app.store.verify(false).await.expect("verify");
-    assert!(report.drift.is_empty(), "{:?}", report.drift);
+    app.assert_no_drift().await;
     // Custom events are not page views.
     let c = app.counts("/cart").await;
     assert_eq!(c.page.views, 0);

@@ -8,21 +8,14 @@ use crate::support::{Options, TestApp, event_id_at, pageview, spawn_app_with};
 
 const V: &str = "0b6f5f8e-7d0e-4a55-9d5e-6c1b8f0a1e01";
 
-async fn queue_depth(app: &TestApp) -> u64 {
-    app.metrics()
-        .await
-        .lines()
-        .find_map(|l| l.strip_prefix("tally_queue_depth "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+async fn queue_depth(app: &TestApp) -> f64 {
+    app.metric("tally_queue_depth").await.unwrap_or(0.0)
 }
 
+/// The writer has taken a batch when it reports an age for the batch it is committing.
 async fn writer_busy(app: &TestApp) -> bool {
-    app.metrics()
+    app.metric("tally_oldest_pending_age_seconds")
         .await
-        .lines()
-        .find_map(|l| l.strip_prefix("tally_oldest_pending_age_seconds "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
         .is_some_and(|age| age > 0.0)
 }
 
@@ -70,9 +63,9 @@ async fn locked_store_and_full_queue_refuse_honestly_and_retries_count_once() {
     // The writer has taken A when it reports an age for the batch it is committing.
     crate::support::wait_until(|| async { writer_busy(&app).await }).await;
     let b = send(body(1));
-    crate::support::wait_until(|| async { queue_depth(&app).await >= 1 }).await;
+    crate::support::wait_until(|| async { queue_depth(&app).await >= 1.0 }).await;
     let c = send(body(2));
-    crate::support::wait_until(|| async { queue_depth(&app).await >= 2 }).await;
+    crate::support::wait_until(|| async { queue_depth(&app).await >= 2.0 }).await;
     // The queue holds B and C: D is refused at once.
     let (status, retry, v) = send(body(3)).await.expect("d");
     assert_eq!(
@@ -111,13 +104,6 @@ async fn locked_store_and_full_queue_refuse_honestly_and_retries_count_once() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"tally_refused_total{reason="storage_unavailable"} 1"#));
-    assert!(
-        app.store
-            .verify(false)
-            .await
-            .expect("verify")
-            .drift
-            .is_empty()
-    );
+    app.assert_no_drift().await;
     app.stop().await;
 }

@@ -172,6 +172,20 @@ impl TestApp {
             .expect("request")
     }
 
+    /// Counters must equal their recount from raw events.
+    pub async fn assert_no_drift(&self) {
+        let report = self.store.verify(false).await.expect("verify");
+        assert!(report.drift.is_empty(), "drift: {:?}", report.drift);
+    }
+
+    /// The value of one metric line (`name` with its labels), if present.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let text = self.metrics().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// The Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> String {
         self.get("/metrics")
