@@ -67,7 +67,6 @@ struct Job {
 #[derive(Clone)]
 pub struct Ingest {
     tx: mpsc::Sender<Job>,
-    metrics: Arc<Metrics>,
 }
 
 impl Ingest {
@@ -79,8 +78,8 @@ impl Ingest {
         metrics: Arc<Metrics>,
     ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(config.capacity.max(1));
-        let writer = tokio::spawn(writer(rx, store, config, Arc::clone(&metrics)));
-        (Self { tx, metrics }, writer)
+        let writer = tokio::spawn(writer(rx, store, config, metrics));
+        (Self { tx }, writer)
     }
 
     /// Queue `records` and wait until they are committed; one outcome per record, in order.
@@ -95,11 +94,10 @@ impl Ingest {
             mpsc::error::TrySendError::Full(_) => IngestError::QueueFull,
             mpsc::error::TrySendError::Closed(_) => IngestError::Closed,
         })?;
-        self.metrics.queue_depth.set(self.depth() as i64);
         answer.await.map_err(|_| IngestError::Closed)?
     }
 
-    /// Jobs waiting in the queue.
+    /// Jobs waiting in the queue (`/metrics` reads it when rendered: `tally_queue_depth`).
     pub fn depth(&self) -> usize {
         self.tx.max_capacity() - self.tx.capacity()
     }
@@ -133,7 +131,6 @@ async fn writer(
             size += job.records.len();
             jobs.push(job);
         }
-        metrics.queue_depth.set(rx.len() as i64);
         metrics
             .oldest_pending_seconds
             .set(jobs[0].enqueued.elapsed().as_secs_f64());

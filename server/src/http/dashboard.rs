@@ -98,6 +98,19 @@ async fn authorised(state: &AppState, raw: &str, headers: &HeaderMap) -> Result<
     }
 }
 
+/// The JSON endpoints' common start: the query, the site (if the caller may see it), the range.
+async fn scope(
+    state: &AppState,
+    raw: &str,
+    headers: &HeaderMap,
+    query: Result<Query<RangeQuery>, QueryRejection>,
+) -> Result<(Site, DayRange, RangeQuery), ApiError> {
+    let q = super::query(query)?;
+    let site = authorised(state, raw, headers).await?;
+    let (range, _) = q.resolve(state, &site)?;
+    Ok((site, range, q))
+}
+
 async fn daily_points(
     state: &AppState,
     site: &Site,
@@ -148,9 +161,7 @@ async fn series(
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
-    let q = super::query(query)?;
-    let site = authorised(&state, &raw, &headers).await?;
-    let (range, _) = q.resolve(&state, &site)?;
+    let (site, range, _) = scope(&state, &raw, &headers, query).await?;
     let points = daily_points(&state, &site, range).await?;
     let total = combine(
         state
@@ -245,9 +256,7 @@ async fn top(
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<TopResponse>, ApiError> {
-    let q = super::query(query)?;
-    let site = authorised(&state, &raw, &headers).await?;
-    let (range, _) = q.resolve(&state, &site)?;
+    let (site, range, q) = scope(&state, &raw, &headers, query).await?;
     let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
     Ok(Json(TopResponse {
         site: site.id.to_string(),
