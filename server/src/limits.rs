@@ -1,117 +1,351 @@
-//! Per-source rate limits for script hits (`/api/v1/hit`, `/api/v1/events`).
+//! Per-address limits on every counting route (hit, events, badge, pixel) and on new sites.
 //!
-//! Contract: a source is (site, client address, user agent), hashed in memory with a
-//! process-random key (nothing is stored). Each source may send `per_minute` records per
-//! minute (a GCRA bucket from `governor`, burst = `per_minute`). A request beyond that is
-//! refused with 429 and `Retry-After` — refused, not dropped, so a real client retries later
-//! with the same event ids and nothing legitimate is lost, while a flood never reaches the
-//! store. `per_minute = 0` turns limiting off. Memory is bounded: sources idle for a full
-//! bucket period are forgotten every [`SWEEP_EVERY`] checks.
+//! Contract:
+//! - A client is its network ([`ClientNet`]: IPv4 /32, IPv6 /64). Nothing the client can vary
+//!   for free — user agent, site id, page, visitor id — is part of any key, so rotating them
+//!   buys no fresh allowance.
+//! - Two quotas apply to every counted record, checked together and charged together (all or
+//!   nothing): per (network, site) and per network across all sites. A request of more records
+//!   than a quota's burst can never pass and is reported as such ([`Refusal::Never`]), so the
+//!   edge answers a 4xx that says so instead of an endless 429.
+//! - Known image proxies (GitHub's camo and the like, see [`is_image_proxy`]) fetch badges for
+//!   many readers from few addresses; they get their own buckets, `proxy_factor` times larger.
+//!   A client that claims to be a proxy gains only that separate, still bounded allowance.
+//! - New sites (`--auto-sites`) are limited per network per hour.
+//! - Requests from a site's own server with its ingest key never come here (their own lane).
+//! - State is in memory, keyed by a process-random hash (no address is stored), each map
+//!   bounded ([`MAX_KEYS`], see `core::gcra`). Time comes from the app's clock.
 
 use std::hash::BuildHasher;
-use std::net::IpAddr;
-use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota};
+use jiff::Timestamp;
 
+use crate::core::gcra::{KeyedGcra, Quota, Verdict};
 use crate::core::ids::SiteId;
+use crate::core::net::ClientNet;
 
-/// Checks between two sweeps of idle sources.
-pub const SWEEP_EVERY: u64 = 10_000;
+/// Keys each limiter remembers at most (about 40 bytes each).
+pub const MAX_KEYS: usize = 200_000;
 
-/// The limiter of one collector process.
-pub struct SourceLimiter {
-    /// `None` when limiting is off.
-    limiter: Option<DefaultKeyedRateLimiter<u64>>,
-    /// Keys sources for this process only.
-    hasher: std::collections::hash_map::RandomState,
-    checks: AtomicU64,
+/// Limit settings (from `ServeConfig`); 0 turns a quota off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitConfig {
+    /// Records per minute one network may send to one site.
+    pub per_site_per_minute: u32,
+    /// Records per minute one network may send to all sites together.
+    pub per_address_per_minute: u32,
+    /// Sites one network may create per hour (`--auto-sites`).
+    pub new_sites_per_hour: u32,
+    /// How many times larger the buckets of known image proxies are.
+    pub proxy_factor: u32,
 }
 
-impl SourceLimiter {
-    /// `per_minute` records per source and minute; 0 = no limit.
-    pub fn new(per_minute: u32) -> Self {
+/// Which buckets a request is charged to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// A browser or any other direct client.
+    Direct,
+    /// A known image proxy fetching a badge or pixel for its readers.
+    Proxy,
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Over the allowance now; admitted after this wait.
+    Wait(Duration),
+    /// More records in one request than the allowance holds at all.
+    Never { allowance: u32 },
+}
+
+/// One keyed quota behind a lock.
+struct Bucket(Mutex<KeyedGcra>);
+
+impl Bucket {
+    fn new(quota: Option<Quota>) -> Option<Self> {
+        quota.map(|q| Self(Mutex::new(KeyedGcra::new(q, MAX_KEYS))))
+    }
+}
+
+/// The buckets of one lane.
+struct LaneBuckets {
+    per_site: Option<Bucket>,
+    per_address: Option<Bucket>,
+}
+
+/// The limits of one collector process.
+pub struct Limits {
+    direct: LaneBuckets,
+    proxy: LaneBuckets,
+    new_sites: Option<Bucket>,
+    /// Keys buckets for this process only.
+    hasher: std::collections::hash_map::RandomState,
+}
+
+fn scaled(per_minute: u32, factor: u32) -> Option<Quota> {
+    Quota::per_minute(per_minute.saturating_mul(factor.max(1)))
+}
+
+fn micros(now: Timestamp) -> i64 {
+    now.as_microsecond()
+}
+
+fn refusal(verdict: Verdict) -> Option<Refusal> {
+    match verdict {
+        Verdict::Admit { .. } => None,
+        Verdict::Wait { us } => Some(Refusal::Wait(Duration::from_micros(
+            u64::try_from(us).unwrap_or(0),
+        ))),
+        Verdict::Never { burst } => Some(Refusal::Never { allowance: burst }),
+        // Every key is busy: an overload answer, retried after a second.
+        Verdict::Full => Some(Refusal::Wait(Duration::from_secs(1))),
+    }
+}
+
+impl Limits {
+    /// Limits as configured.
+    pub fn new(config: LimitConfig) -> Self {
+        let lane = |factor| LaneBuckets {
+            per_site: Bucket::new(scaled(config.per_site_per_minute, factor)),
+            per_address: Bucket::new(scaled(config.per_address_per_minute, factor)),
+        };
         Self {
-            limiter: NonZeroU32::new(per_minute)
-                .map(|n| DefaultKeyedRateLimiter::keyed(Quota::per_minute(n))),
+            direct: lane(1),
+            proxy: lane(config.proxy_factor),
+            new_sites: Bucket::new(Quota::per_hour(
+                config.new_sites_per_hour,
+                config.new_sites_per_hour,
+            )),
             hasher: std::collections::hash_map::RandomState::new(),
-            checks: AtomicU64::new(0),
         }
     }
 
-    /// Admit `n` records from a source, or say how long it must wait.
-    pub fn check(
-        &self,
-        site: &SiteId,
-        ip: IpAddr,
-        user_agent: &str,
-        n: usize,
-    ) -> Result<(), Duration> {
-        let Some(limiter) = &self.limiter else {
-            return Ok(());
-        };
-        if self.checks.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            limiter.retain_recent();
-            limiter.shrink_to_fit();
-        }
-        let key = self.hasher.hash_one((site.as_str(), ip, user_agent));
-        let n = NonZeroU32::new(u32::try_from(n).unwrap_or(u32::MAX)).unwrap_or(NonZeroU32::MIN);
-        match limiter.check_key_n(&key, n) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(not_until)) => Err(not_until.wait_time_from(DefaultClock::default().now())),
-            // More records in one request than a whole minute's allowance.
-            Err(_) => Err(Duration::from_secs(60)),
+    fn lane(&self, lane: Lane) -> &LaneBuckets {
+        match lane {
+            Lane::Direct => &self.direct,
+            Lane::Proxy => &self.proxy,
         }
     }
+
+    /// Admit `n` records of `net` for `site`, charging both quotas of the lane, or neither.
+    pub fn admit(
+        &self,
+        lane: Lane,
+        net: ClientNet,
+        site: &SiteId,
+        n: u32,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        self.admit_many(lane, net, &[(site, n)], now)
+    }
+
+    /// Admit a request holding `n` records for each listed site (a batch may mix sites):
+    /// every per-site quota and the address quota (with the total) must pass, and then all
+    /// are charged; otherwise nothing is. A request that could never pass says so
+    /// ([`Refusal::Never`]), also when only its total exceeds the address allowance.
+    pub fn admit_many(
+        &self,
+        lane: Lane,
+        net: ClientNet,
+        per_site: &[(&SiteId, u32)],
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        let buckets = self.lane(lane);
+        let now = micros(now);
+        let total = per_site
+            .iter()
+            .fold(0u32, |sum, (_, n)| sum.saturating_add(*n));
+        let mut charges: Vec<(bool, u64, i64)> = Vec::with_capacity(per_site.len() + 1);
+        // Fixed lock order: per site, then per address; both held while deciding.
+        let mut site_gcra = buckets.per_site.as_ref().map(|b| {
+            b.0.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        });
+        let mut address_gcra = buckets.per_address.as_ref().map(|b| {
+            b.0.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        });
+        if let Some(gcra) = site_gcra.as_deref_mut() {
+            for (site, n) in per_site {
+                let key = self.hasher.hash_one((lane, net, site.as_str()));
+                match gcra.check(key, *n, now) {
+                    Verdict::Admit { tat_us } => charges.push((true, key, tat_us)),
+                    verdict => {
+                        return Err(refusal(verdict).unwrap_or(Refusal::Never { allowance: 0 }));
+                    }
+                }
+            }
+        }
+        if let Some(gcra) = address_gcra.as_deref_mut() {
+            let key = self.hasher.hash_one((lane, net));
+            match gcra.check(key, total, now) {
+                Verdict::Admit { tat_us } => charges.push((false, key, tat_us)),
+                verdict => return Err(refusal(verdict).unwrap_or(Refusal::Never { allowance: 0 })),
+            }
+        }
+        for (per_site, key, tat) in charges {
+            let gcra = if per_site {
+                site_gcra.as_deref_mut()
+            } else {
+                address_gcra.as_deref_mut()
+            };
+            if let Some(gcra) = gcra {
+                gcra.commit(key, tat);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `net` could send one more record at all now (checked before a body is read,
+    /// so a client that is over its allowance costs no parsing). Charges nothing.
+    pub fn has_room(&self, lane: Lane, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
+        let Some(bucket) = &self.lane(lane).per_address else {
+            return Ok(());
+        };
+        let key = self.hasher.hash_one((lane, net));
+        let verdict = bucket
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .check(key, 1, micros(now));
+        refusal(verdict).map_or(Ok(()), Err)
+    }
+
+    /// Admit the creation of one new site by `net`.
+    pub fn admit_new_site(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
+        let Some(bucket) = &self.new_sites else {
+            return Ok(());
+        };
+        let key = self.hasher.hash_one(("new-site", net));
+        let mut gcra = bucket
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let verdict = gcra.check(key, 1, micros(now));
+        if let Verdict::Admit { tat_us } = verdict {
+            gcra.commit(key, tat_us);
+        }
+        refusal(verdict).map_or(Ok(()), Err)
+    }
+}
+
+/// User agents of the image proxies that fetch badges on behalf of many readers: GitHub's
+/// camo (`github-camo (…)`), Google's (Gmail) image proxy, and a few mail and chat proxies.
+const IMAGE_PROXIES: [&str; 4] = [
+    "github-camo",
+    "GoogleImageProxy",
+    "YahooMailProxy",
+    "camo-asset-proxy",
+];
+
+/// Whether `user_agent` names a known image proxy.
+pub fn is_image_proxy(user_agent: &str) -> bool {
+    IMAGE_PROXIES.iter().any(|p| user_agent.contains(p))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_source_gets_its_allowance_then_a_wait() {
-        let limiter = SourceLimiter::new(3);
-        let site = SiteId::parse("s").expect("site");
-        let ip: IpAddr = "192.0.2.1".parse().expect("ip");
-        for _ in 0..3 {
-            assert!(limiter.check(&site, ip, "ua", 1).is_ok());
+    fn config(per_site: u32, per_address: u32) -> LimitConfig {
+        LimitConfig {
+            per_site_per_minute: per_site,
+            per_address_per_minute: per_address,
+            new_sites_per_hour: 2,
+            proxy_factor: 10,
         }
-        let wait = limiter
-            .check(&site, ip, "ua", 1)
-            .expect_err("over the limit");
+    }
+
+    fn net(s: &str) -> ClientNet {
+        ClientNet::of(s.parse().expect("ip"))
+    }
+
+    fn site(s: &str) -> SiteId {
+        SiteId::parse(s).expect("site")
+    }
+
+    const T0: &str = "2026-06-01T12:00:00Z";
+
+    #[test]
+    fn per_site_then_across_sites() {
+        let limits = Limits::new(config(3, 5));
+        let now: Timestamp = T0.parse().expect("ts");
+        let a = net("192.0.2.1");
+        for _ in 0..3 {
+            assert!(limits.admit(Lane::Direct, a, &site("s1"), 1, now).is_ok());
+        }
+        assert!(matches!(
+            limits.admit(Lane::Direct, a, &site("s1"), 1, now),
+            Err(Refusal::Wait(_))
+        ));
+        // Another site has its own per-site bucket, but shares the address bucket (5).
+        assert!(limits.admit(Lane::Direct, a, &site("s2"), 2, now).is_ok());
+        assert!(limits.admit(Lane::Direct, a, &site("s3"), 1, now).is_err());
+        assert!(limits.has_room(Lane::Direct, a, now).is_err());
+        // Another address is independent; a proxy lane is separate and larger.
         assert!(
-            wait > Duration::ZERO && wait <= Duration::from_secs(20),
-            "{wait:?}"
-        );
-        assert!(
-            limiter.check(&site, ip, "other ua", 1).is_ok(),
-            "sources are independent"
-        );
-        assert!(
-            limiter
-                .check(&site, "192.0.2.2".parse().expect("ip"), "ua", 2)
+            limits
+                .admit(Lane::Direct, net("192.0.2.2"), &site("s1"), 3, now)
                 .is_ok()
         );
-        assert!(
-            limiter.check(&site, ip, "third", 4).is_err(),
-            "a batch beyond the burst"
-        );
+        assert!(limits.admit(Lane::Proxy, a, &site("s1"), 30, now).is_ok());
     }
 
     #[test]
-    fn zero_means_off() {
-        let limiter = SourceLimiter::new(0);
-        let site = SiteId::parse("s").expect("site");
-        for _ in 0..1000 {
-            assert!(
-                limiter
-                    .check(&site, "192.0.2.1".parse().expect("ip"), "ua", 1)
-                    .is_ok()
-            );
-        }
+    fn a_refused_request_charges_neither_bucket() {
+        let limits = Limits::new(config(10, 4));
+        let now: Timestamp = T0.parse().expect("ts");
+        let a = net("192.0.2.1");
+        // 5 > the address burst of 4: refused as never admissible, nothing charged.
+        assert_eq!(
+            limits.admit(Lane::Direct, a, &site("s"), 5, now),
+            Err(Refusal::Never { allowance: 4 })
+        );
+        assert!(limits.admit(Lane::Direct, a, &site("s"), 4, now).is_ok());
+    }
+
+    #[test]
+    fn a_batch_over_several_sites_is_judged_by_its_total() {
+        let limits = Limits::new(config(10, 12));
+        let now: Timestamp = T0.parse().expect("ts");
+        let a = net("192.0.2.1");
+        let (s1, s2) = (site("s1"), site("s2"));
+        assert_eq!(
+            limits.admit_many(Lane::Direct, a, &[(&s1, 8), (&s2, 8)], now),
+            Err(Refusal::Never { allowance: 12 })
+        );
+        assert!(
+            limits
+                .admit_many(Lane::Direct, a, &[(&s1, 6), (&s2, 6)], now)
+                .is_ok()
+        );
+        assert!(limits.admit(Lane::Direct, a, &s1, 1, now).is_err());
+    }
+
+    #[test]
+    fn new_sites_per_address_per_hour() {
+        let limits = Limits::new(config(10, 10));
+        let now: Timestamp = T0.parse().expect("ts");
+        let a = net("2001:db8::1");
+        assert!(limits.admit_new_site(a, now).is_ok());
+        assert!(limits.admit_new_site(net("2001:db8::2"), now).is_ok());
+        assert!(
+            limits.admit_new_site(net("2001:db8::3"), now).is_err(),
+            "same /64"
+        );
+        assert!(limits.admit_new_site(net("2001:db8:0:1::1"), now).is_ok());
+    }
+
+    #[test]
+    fn known_image_proxies() {
+        assert!(is_image_proxy("github-camo (876de43e)"));
+        assert!(is_image_proxy(
+            "Mozilla/5.0 (Windows NT 5.1; rv:11.0) Gecko Firefox/11.0 (via ggpht.com GoogleImageProxy)"
+        ));
+        assert!(!is_image_proxy(
+            "Mozilla/5.0 (X11; Linux x86_64) Chrome/126.0"
+        ));
     }
 }

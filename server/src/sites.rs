@@ -3,7 +3,11 @@
 //! Contract: sites are read through a small cache with a short time-to-live, so `tally site
 //! add|remove` run against the same database takes effect on a running server within
 //! [`SITE_TTL`], and unknown ids do not hit the store on every request. With `auto_sites`,
-//! an unknown id is created on first use (any origin, UTC, public).
+//! an unknown id is created by the first valid COUNTING request for it ([`SiteRegistry::for_counting`]:
+//! a hit, a batch record, a counting badge or pixel fetch), never by a read, a `HEAD` or a
+//! display-only badge ([`SiteRegistry::get`] never creates). Creation is limited per client
+//! network per hour (see `limits`) and, with `max_sites`, in total. The cache holds at most
+//! [`MAX_CACHED`] ids (a few hundred bytes each).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -11,12 +15,14 @@ use std::time::{Duration, Instant};
 
 use crate::core::day::SiteZone;
 use crate::core::ids::SiteId;
+use crate::core::net::ClientNet;
+use crate::limits::{Limits, Refusal};
 use crate::store::{Site, Store, StoreError};
 
 /// How long a cached site (or the knowledge that it does not exist) is trusted.
 pub const SITE_TTL: Duration = Duration::from_secs(5);
 /// Most site ids remembered (known and unknown); the cache is cleared when it grows past this.
-const MAX_CACHED: usize = 10_000;
+pub const MAX_CACHED: usize = 10_000;
 
 /// Why a site could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +31,10 @@ pub enum SiteError {
     Unknown(String),
     #[error("origin {origin:?} is not allowed to send hits for site {site:?}")]
     Origin { site: String, origin: String },
+    #[error("this address created too many sites; retry after {} s", .0.as_secs().max(1))]
+    CreationLimited(std::time::Duration),
+    #[error("the collector holds its maximum number of sites; site {0:?} cannot be created")]
+    SiteLimit(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -35,18 +45,29 @@ type Cached = (Option<Arc<Site>>, Instant);
 /// Cached access to sites.
 pub struct SiteRegistry {
     store: Arc<dyn Store>,
-    /// Create unknown sites on first use.
+    /// Create unknown sites on their first counting request.
     auto_sites: bool,
+    /// Most sites auto-sites may create (0 = no limit).
+    max_sites: u64,
+    /// New sites per client network.
+    limits: Arc<Limits>,
     /// id → (site or known-absent, when it was read).
     cache: RwLock<HashMap<SiteId, Cached>>,
 }
 
 impl SiteRegistry {
     /// A registry over `store`.
-    pub fn new(store: Arc<dyn Store>, auto_sites: bool) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        auto_sites: bool,
+        max_sites: u64,
+        limits: Arc<Limits>,
+    ) -> Self {
         Self {
             store,
             auto_sites,
+            max_sites,
+            limits,
             cache: RwLock::new(HashMap::new()),
         }
     }
@@ -66,41 +87,83 @@ impl SiteRegistry {
         }
     }
 
-    /// The site `id`, creating it when auto-sites is on.
+    /// The site `id` if it exists. Never creates anything (reads, `HEAD`, display-only badges).
     pub async fn get(&self, id: &SiteId) -> Result<Arc<Site>, SiteError> {
-        let site = match self.cached(id) {
-            Some(site) => site,
-            None => {
-                let mut site = self.store.get_site(id).await?.map(Arc::new);
-                if site.is_none() && self.auto_sites {
-                    let fresh = Site {
-                        id: id.clone(),
-                        origins: vec!["*".into()],
-                        zone: SiteZone::utc(),
-                        public: true,
-                    };
-                    site = Some(Arc::new(self.store.ensure_site(&fresh).await?));
-                }
-                self.remember(id, site.clone());
-                site
-            }
-        };
-        site.ok_or_else(|| SiteError::Unknown(id.to_string()))
+        self.lookup(id)
+            .await?
+            .ok_or_else(|| SiteError::Unknown(id.to_string()))
     }
 
-    /// The site `id`, checked against the request's `Origin` (absent for non-browser clients).
+    async fn lookup(&self, id: &SiteId) -> Result<Option<Arc<Site>>, SiteError> {
+        if let Some(site) = self.cached(id) {
+            return Ok(site);
+        }
+        let site = self.store.get_site(id).await?.map(Arc::new);
+        self.remember(id, site.clone());
+        Ok(site)
+    }
+
+    /// The site `id` for a read, checked against the request's `Origin` (absent for
+    /// non-browser clients).
     pub async fn for_origin(
         &self,
         id: &SiteId,
         origin: Option<&str>,
     ) -> Result<Arc<Site>, SiteError> {
-        let site = self.get(id).await?;
-        match origin {
-            Some(origin) if !site.allows_origin(origin) => Err(SiteError::Origin {
-                site: id.to_string(),
-                origin: origin.to_owned(),
-            }),
-            _ => Ok(site),
-        }
+        check_origin(self.get(id).await?, origin)
+    }
+
+    /// The site `id` for a counting request from `net`: with auto-sites an unknown id is
+    /// created (UTC, any origin, public) if `net` may create one more site now.
+    pub async fn for_counting(
+        &self,
+        id: &SiteId,
+        origin: Option<&str>,
+        net: ClientNet,
+        now: jiff::Timestamp,
+    ) -> Result<Arc<Site>, SiteError> {
+        let site = match self.lookup(id).await? {
+            Some(site) => site,
+            None if self.auto_sites => {
+                // The store may know it already (created by another request or collector).
+                let site = match self.store.get_site(id).await? {
+                    Some(site) => site,
+                    None => {
+                        if let Err(refusal) = self.limits.admit_new_site(net, now) {
+                            return Err(match refusal {
+                                Refusal::Wait(wait) => SiteError::CreationLimited(wait),
+                                Refusal::Never { .. } => SiteError::SiteLimit(id.to_string()),
+                            });
+                        }
+                        let fresh = Site {
+                            id: id.clone(),
+                            origins: vec!["*".into()],
+                            zone: SiteZone::utc(),
+                            public: true,
+                            ingest_key: None,
+                        };
+                        self.store
+                            .ensure_site(&fresh, self.max_sites)
+                            .await?
+                            .ok_or_else(|| SiteError::SiteLimit(id.to_string()))?
+                    }
+                };
+                let site = Arc::new(site);
+                self.remember(id, Some(Arc::clone(&site)));
+                site
+            }
+            None => return Err(SiteError::Unknown(id.to_string())),
+        };
+        check_origin(site, origin)
+    }
+}
+
+fn check_origin(site: Arc<Site>, origin: Option<&str>) -> Result<Arc<Site>, SiteError> {
+    match origin {
+        Some(origin) if !site.allows_origin(origin) => Err(SiteError::Origin {
+            site: site.id.to_string(),
+            origin: origin.to_owned(),
+        }),
+        _ => Ok(site),
     }
 }

@@ -133,8 +133,9 @@ impl ValidHit {
     }
 }
 
-/// Longest referrer kept, in bytes.
-const MAX_REFERRER_BYTES: usize = 1024;
+/// Longest referrer kept, in bytes: its origin and path (query, fragment and credentials are
+/// dropped), cut like a page path. Referrers are shown by host; the path is kept for context.
+pub const MAX_REFERRER_BYTES: usize = 256;
 
 fn clean_referrer(raw: &str, page_host: Option<&str>) -> Result<Option<String>, IdError> {
     let mut url = url::Url::parse(raw).map_err(|_| IdError::Referrer)?;
@@ -148,15 +149,10 @@ fn clean_referrer(raw: &str, page_host: Option<&str>) -> Result<Option<String>, 
     url.set_fragment(None);
     let _ = url.set_username("");
     let _ = url.set_password(None);
-    let mut text: String = url.into();
-    if text.len() > MAX_REFERRER_BYTES {
-        let mut cut = MAX_REFERRER_BYTES;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-    }
-    Ok(Some(text))
+    let text: String = url.into();
+    Ok(Some(
+        super::ids::cap_path(&text, MAX_REFERRER_BYTES).to_owned(),
+    ))
 }
 
 #[cfg(test)]

@@ -132,8 +132,31 @@ impl VisitorKey {
     }
 }
 
-/// Longest page key kept, in bytes.
-pub const MAX_PAGE_BYTES: usize = 1024;
+/// Longest page key kept, in bytes (of the percent-encoded path). Longer paths are cut to
+/// this length (never inside a `%XX` escape), so two pages that share their first 512 bytes
+/// count as one: every stored key stays small, and a client cannot make rows of any size.
+/// 512 bytes hold 56 percent-encoded CJK characters, more than real slugs use.
+pub const MAX_PAGE_BYTES: usize = 512;
+
+/// `path` cut to at most `max` bytes, never inside a `%XX` escape (a URL path is ASCII).
+pub fn cap_path(path: &str, max: usize) -> &str {
+    if path.len() <= max {
+        return path;
+    }
+    let mut cut = max;
+    while !path.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    // Step back over a partial escape: a '%' in the last two kept bytes.
+    let bytes = path.as_bytes();
+    for back in 1..=2 {
+        if cut >= back && bytes[cut - back] == b'%' {
+            cut -= back;
+            break;
+        }
+    }
+    &path[..cut]
+}
 
 /// A page key: the path of the page URL (query and fragment dropped).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -146,10 +169,7 @@ impl PagePath {
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             return Err(IdError::Url);
         }
-        if url.path().len() > MAX_PAGE_BYTES {
-            return Err(IdError::Url);
-        }
-        Ok((Self(url.path().to_owned()), url))
+        Ok((Self(cap_path(url.path(), MAX_PAGE_BYTES).to_owned()), url))
     }
 
     /// A path as given by a query parameter (`/posts/a`); must start with `/`. It is
@@ -161,11 +181,7 @@ impl PagePath {
         }
         let url =
             url::Url::parse(&format!("http://page.invalid{raw}")).map_err(|_| IdError::Url)?;
-        let path = url.path();
-        if path.len() > MAX_PAGE_BYTES {
-            return Err(IdError::Url);
-        }
-        Ok(Self(path.to_owned()))
+        Ok(Self(cap_path(url.path(), MAX_PAGE_BYTES).to_owned()))
     }
 
     /// The site root, `/`.
@@ -263,7 +279,34 @@ mod tests {
         assert!(PagePath::parse("//evil.example/x").is_err());
     }
 
+    #[test]
+    fn long_paths_are_cut_outside_escapes() {
+        let long = format!("/{}", "a".repeat(2000));
+        let (page, _) = PagePath::from_url(&format!("https://b.example{long}")).expect("url");
+        assert_eq!(page.as_str().len(), MAX_PAGE_BYTES);
+        // "/" + 510 × "a" + "%E4…": the escape that straddles the cut is dropped whole.
+        let tricky = format!("/{}{}", "a".repeat(510), "%E4%B8%AD".repeat(10));
+        let page = PagePath::parse(&tricky).expect("path");
+        assert_eq!(page.as_str(), format!("/{}", "a".repeat(510)));
+        assert_eq!(cap_path("/a%E4%B8", 5), "/a%E4");
+        assert_eq!(cap_path("/a%E4%B8", 4), "/a");
+    }
+
     proptest! {
+        #[test]
+        fn capped_paths_are_bounded_and_whole(raw in "/([a-z/]|%[0-9A-F]{2}){0,300}") {
+            let capped = cap_path(&raw, 100);
+            prop_assert!(capped.len() <= 100);
+            prop_assert!(raw.starts_with(capped));
+            // Every escape kept is whole.
+            let b = capped.as_bytes();
+            for (i, c) in b.iter().enumerate() {
+                if *c == b'%' {
+                    prop_assert!(i + 2 < b.len(), "a cut escape in {}", capped);
+                }
+            }
+        }
+
         #[test]
         fn site_parse_never_panics_and_roundtrips(raw in ".{0,80}") {
             if let Ok(site) = SiteId::parse(&raw) {

@@ -11,8 +11,10 @@
 //!   so a key that receives nothing new still reads zero after the window passes.
 //! - **Bounded memory.** Per key: one bucket per second that saw events (at most `window`), and
 //!   each distinct visitor once per second it was seen. Distinct visitors are exact up to
-//!   `max_visitors` per key; beyond that new visitors are not tracked until older ones expire
-//!   and the count reads as a lower bound (`saturated`). Events are always exact.
+//!   `max_visitors` per key and `max_total_visitors` over all keys; beyond that new visitors
+//!   are not tracked until older ones expire and the count reads as a lower bound
+//!   (`saturated`). At most `max_keys` keys are tracked: an event for a new key beyond that is
+//!   not tracked at all (its key reads zero). Events of tracked keys are always exact.
 //! - Keys never interfere: each has its own buckets and visitor set.
 
 use std::collections::{HashMap, VecDeque};
@@ -45,7 +47,9 @@ struct KeyState {
 }
 
 impl KeyState {
-    fn expire(&mut self, now_sec: i64, window: i64) {
+    /// Drop buckets that left the window; returns how many visitors stopped being tracked.
+    fn expire(&mut self, now_sec: i64, window: i64) -> usize {
+        let before = self.last_seen.len();
         while let Some(front) = self.buckets.front() {
             if now_sec - front.sec < window {
                 break;
@@ -63,6 +67,7 @@ impl KeyState {
         if self.last_seen.is_empty() {
             self.saturated = false;
         }
+        before - self.last_seen.len()
     }
 
     fn numbers(&self) -> LiveNumbers {
@@ -79,19 +84,37 @@ impl KeyState {
 pub struct LiveWindow<K> {
     window_secs: i64,
     max_visitors: usize,
+    max_keys: usize,
+    max_total_visitors: usize,
+    /// Visitors tracked over all keys.
+    total_visitors: usize,
     keys: HashMap<K, KeyState>,
     last_sweep_sec: i64,
 }
 
 impl<K: Hash + Eq + Clone> LiveWindow<K> {
-    /// A window of `window_secs` seconds tracking up to `max_visitors` distinct visitors per key.
-    pub fn new(window_secs: u32, max_visitors: usize) -> Self {
+    /// A window of `window_secs` seconds tracking up to `max_visitors` distinct visitors per
+    /// key, `max_keys` keys and `max_total_visitors` visitors over all keys.
+    pub fn new(
+        window_secs: u32,
+        max_visitors: usize,
+        max_keys: usize,
+        max_total_visitors: usize,
+    ) -> Self {
         Self {
             window_secs: i64::from(window_secs.max(1)),
             max_visitors,
+            max_keys,
+            max_total_visitors,
+            total_visitors: 0,
             keys: HashMap::new(),
             last_sweep_sec: i64::MIN,
         }
+    }
+
+    /// Visitors tracked over all keys.
+    pub fn tracked_visitors(&self) -> usize {
+        self.total_visitors
     }
 
     /// Record one event of `visitor` under `key` at `now_ms`.
@@ -100,8 +123,12 @@ impl<K: Hash + Eq + Clone> LiveWindow<K> {
         self.sweep(sec);
         let window = self.window_secs;
         let max = self.max_visitors;
+        if !self.keys.contains_key(key) && self.keys.len() >= self.max_keys {
+            return;
+        }
+        let room = self.total_visitors < self.max_total_visitors;
         let state = self.keys.entry(key.clone()).or_default();
-        state.expire(sec, window);
+        self.total_visitors -= state.expire(sec, window);
         if state.buckets.back().is_none_or(|b| b.sec < sec) {
             state.buckets.push_back(Bucket {
                 sec,
@@ -122,9 +149,10 @@ impl<K: Hash + Eq + Clone> LiveWindow<K> {
                 *seen = bucket_sec;
                 bucket.visitors.push(visitor);
             }
-            None if tracked < max => {
+            None if tracked < max && room => {
                 state.last_seen.insert(visitor, bucket_sec);
                 bucket.visitors.push(visitor);
+                self.total_visitors += 1;
             }
             None => state.saturated = true,
         }
@@ -137,7 +165,7 @@ impl<K: Hash + Eq + Clone> LiveWindow<K> {
         let window = self.window_secs;
         match self.keys.get_mut(key) {
             Some(state) => {
-                state.expire(sec, window);
+                self.total_visitors -= state.expire(sec, window);
                 state.numbers()
             }
             None => LiveNumbers::default(),
@@ -155,10 +183,12 @@ impl<K: Hash + Eq + Clone> LiveWindow<K> {
         }
         self.last_sweep_sec = now_sec;
         let window = self.window_secs;
+        let mut dropped = 0;
         self.keys.retain(|_, state| {
-            state.expire(now_sec, window);
+            dropped += state.expire(now_sec, window);
             !state.buckets.is_empty()
         });
+        self.total_visitors -= dropped;
     }
 }
 
@@ -170,7 +200,7 @@ mod tests {
 
     #[test]
     fn boundary_lower_end_exclusive_upper_inclusive() {
-        let mut w = LiveWindow::new(60, 100);
+        let mut w = LiveWindow::new(60, 100, 100, 1000);
         w.record(&"a", 1, T0 + 999);
         assert_eq!(w.read(&"a", T0).events, 1, "same second counts");
         assert_eq!(
@@ -187,7 +217,7 @@ mod tests {
 
     #[test]
     fn expired_entries_drop_without_new_events() {
-        let mut w = LiveWindow::new(60, 100);
+        let mut w = LiveWindow::new(60, 100, 100, 1000);
         for v in 0..10 {
             w.record(&"a", v, T0 + v as i64 * 1000);
         }
@@ -205,7 +235,7 @@ mod tests {
 
     #[test]
     fn a_returning_visitor_stays_live_from_its_latest_event() {
-        let mut w = LiveWindow::new(60, 100);
+        let mut w = LiveWindow::new(60, 100, 100, 1000);
         w.record(&"a", 7, T0);
         w.record(&"a", 7, T0 + 30_000);
         let n = w.read(&"a", T0 + 60_000);
@@ -216,7 +246,7 @@ mod tests {
 
     #[test]
     fn keys_are_independent() {
-        let mut w = LiveWindow::new(60, 100);
+        let mut w = LiveWindow::new(60, 100, 100, 1000);
         w.record(&"a", 1, T0);
         w.record(&"a", 2, T0);
         w.record(&"b", 1, T0 + 10_000);
@@ -228,7 +258,7 @@ mod tests {
 
     #[test]
     fn visitors_saturate_at_the_cap_events_stay_exact() {
-        let mut w = LiveWindow::new(60, 3);
+        let mut w = LiveWindow::new(60, 3, 100, 1000);
         for v in 0..5 {
             w.record(&"a", v, T0);
         }
@@ -242,5 +272,34 @@ mod tests {
             }
         );
         assert_eq!(w.read(&"a", T0 + 60_000), LiveNumbers::default());
+    }
+
+    #[test]
+    fn keys_and_total_visitors_are_bounded() {
+        let mut w = LiveWindow::new(60, 100, 3, 5);
+        for k in 0..10 {
+            w.record(&k, k as u64, T0);
+        }
+        assert_eq!(w.tracked_keys(), 3, "keys beyond the bound are not tracked");
+        assert_eq!(w.read(&9, T0).events, 0);
+        for v in 100..110 {
+            w.record(&0, v, T0);
+        }
+        assert_eq!(
+            w.tracked_visitors(),
+            5,
+            "visitors over all keys are bounded"
+        );
+        assert!(w.read(&0, T0).saturated);
+        assert_eq!(
+            w.read(&0, T0).events,
+            11,
+            "events of tracked keys stay exact"
+        );
+        // Once everything expired the budget is free again.
+        assert_eq!(w.read(&0, T0 + 61_000).visitors, 0);
+        assert_eq!(w.tracked_visitors(), 0);
+        w.record(&42, 1, T0 + 61_000);
+        assert_eq!(w.read(&42, T0 + 61_000).visitors, 1);
     }
 }

@@ -6,12 +6,20 @@
 //! interval count once ([`crate::core::suppress`]). Badge views are stored with their own
 //! source and shown by the larger-source rule ([`crate::core::counts`]); pixel views count as
 //! web views, since the pixel only loads where the script could not run.
+//!
+//! Limits: every counted view is charged to the sender's address (see `limits`), like a hit.
+//! A fetch over the allowance still gets its image (a README must not show a broken image)
+//! but is not counted (`X-Tally-Status: rate_limited`). Known image proxies (GitHub's camo)
+//! fetch for many readers from few addresses: they are charged to a separate, larger proxy
+//! allowance, and their repeat gate is per (proxy address, page) and one second, so each
+//! reader's view through the proxy counts, at most one per second per page and proxy address.
+//! `HEAD` never counts, and neither a display-only badge nor a `HEAD` creates a site.
 
 use std::net::SocketAddr;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
@@ -23,6 +31,7 @@ use crate::core::counts::present;
 use crate::core::hit::HitKind;
 use crate::core::ids::{EventId, PagePath};
 use crate::core::record::{Record, Source};
+use crate::limits::{Lane, is_image_proxy};
 use crate::metrics::ReasonLabel;
 use crate::privacy::random_bytes;
 use crate::store::Site;
@@ -42,6 +51,7 @@ pub enum ViewStatus {
     Duplicate,
     Suppressed,
     Filtered,
+    RateLimited,
     NotCounted,
 }
 
@@ -52,6 +62,7 @@ impl ViewStatus {
             ViewStatus::Duplicate => "duplicate",
             ViewStatus::Suppressed => "suppressed",
             ViewStatus::Filtered => "filtered",
+            ViewStatus::RateLimited => "rate_limited",
             ViewStatus::NotCounted => "display_only",
         }
     }
@@ -84,19 +95,52 @@ async fn count_view(
             &sender.user_agent,
         )
         .await?;
+    let lane = if is_image_proxy(&sender.user_agent) {
+        Lane::Proxy
+    } else {
+        Lane::Direct
+    };
     let mut h = blake3::Hasher::new();
-    h.update(&visitor.0);
+    match lane {
+        // A proxy is many readers: its repeats are told apart per page and second only.
+        Lane::Proxy => {
+            h.update(b"proxy");
+            h.update(&sender.net.to_bytes());
+            h.update(site.id.as_str().as_bytes());
+        }
+        Lane::Direct => {
+            h.update(&visitor.0);
+        }
+    }
     h.update(&source.code().to_le_bytes());
     h.update(page.as_str().as_bytes());
     let key = u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().unwrap_or([0; 8]));
-    let admitted = state
-        .suppressor
+    let gate = match lane {
+        Lane::Proxy => &state.proxy_suppressor,
+        Lane::Direct => &state.suppressor,
+    };
+    let admitted = gate
         .lock()
         .map(|mut s| s.admit(key, now.as_millisecond()))
         .unwrap_or(true);
     if !admitted {
         state.metrics.hit("suppressed");
         return Ok(ViewStatus::Suppressed);
+    }
+    if state
+        .limits
+        .admit(lane, sender.net, &site.id, 1, now)
+        .is_err()
+    {
+        state
+            .metrics
+            .filtered
+            .get_or_create(&ReasonLabel {
+                reason: "rate_limited",
+            })
+            .inc();
+        state.metrics.hit("suppressed");
+        return Ok(ViewStatus::RateLimited);
     }
     let record = Record {
         event_id: EventId::new_at(now, random_bytes()),
@@ -158,6 +202,7 @@ fn flag(raw: Option<&str>, default: bool) -> Result<bool, ApiError> {
 async fn badge(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    method: Method,
     Path(file): Path<String>,
     headers: HeaderMap,
     query: Result<Query<BadgeQuery>, axum::extract::rejection::QueryRejection>,
@@ -189,15 +234,20 @@ async fn badge(
             )
         })?,
     };
-    let counting = flag(q.count.as_deref(), true)?;
+    // HEAD never counts (link checkers and proxies probe with it).
+    let counting = flag(q.count.as_deref(), true)? && method != Method::HEAD;
     let short = flag(q.abbreviate.as_deref(), false)?;
-    let site = state.sites.get(&site_id).await?;
     let counted_page = page.clone().unwrap_or_else(PagePath::root);
-    let status = if counting {
+    let (site, status) = if counting {
         let sender = Sender::from_request(&state, peer, &headers);
-        count_view(&state, &site, &counted_page, Source::Badge, &sender).await?
+        let site = state
+            .sites
+            .for_counting(&site_id, None, sender.net, state.clock.now())
+            .await?;
+        let status = count_view(&state, &site, &counted_page, Source::Badge, &sender).await?;
+        (site, status)
     } else {
-        ViewStatus::NotCounted
+        (state.sites.get(&site_id).await?, ViewStatus::NotCounted)
     };
     let now = state.clock.now();
     let raw = state
@@ -271,6 +321,7 @@ struct PixelQuery {
 async fn pixel(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     query: Result<Query<PixelQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -290,9 +341,17 @@ async fn pixel(
     };
     // An <img> sends no Origin; the embedding page's origin is checked when the Referer says it.
     let origin = referer.as_ref().map(|u| u.origin().ascii_serialization());
-    let site = state.sites.for_origin(&site_id, origin.as_deref()).await?;
-    let sender = Sender::from_request(&state, peer, &headers);
-    let status = count_view(&state, &site, &page, Source::Web, &sender).await?;
+    let status = if method == Method::HEAD {
+        state.sites.for_origin(&site_id, origin.as_deref()).await?;
+        ViewStatus::NotCounted
+    } else {
+        let sender = Sender::from_request(&state, peer, &headers);
+        let site = state
+            .sites
+            .for_counting(&site_id, origin.as_deref(), sender.net, state.clock.now())
+            .await?;
+        count_view(&state, &site, &page, Source::Web, &sender).await?
+    };
     let mut response = ([(header::CONTENT_TYPE, "image/gif")], PIXEL).into_response();
     response
         .headers_mut()

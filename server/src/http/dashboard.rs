@@ -5,6 +5,10 @@
 //! Bearer <token>` or the session cookie set by the login form (`POST /dashboard/{site}/login`;
 //! `HttpOnly; Secure; SameSite=Strict`, holding a value derived from the token, never the token).
 //! Every page path and referrer is attacker-controlled and is escaped by the template engine.
+//!
+//! Cost: every list is ranked and limited inside the database (at most 100 rows), and at most
+//! `--stats-concurrency` stats requests run at once; others wait up to 2 s, then get 503
+//! `busy` with `Retry-After`.
 
 use askama::Template;
 use axum::Json;
@@ -104,11 +108,20 @@ async fn scope(
     raw: &str,
     headers: &HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
-) -> Result<(Site, DayRange, RangeQuery), ApiError> {
+) -> Result<
+    (
+        Site,
+        DayRange,
+        RangeQuery,
+        tokio::sync::OwnedSemaphorePermit,
+    ),
+    ApiError,
+> {
     let q = super::query(query)?;
     let site = authorised(state, raw, headers).await?;
     let (range, _) = q.resolve(state, &site)?;
-    Ok((site, range, q))
+    let slot = state.stats_slot().await?;
+    Ok((site, range, q, slot))
 }
 
 async fn daily_points(
@@ -161,7 +174,7 @@ async fn series(
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
-    let (site, range, _) = scope(&state, &raw, &headers, query).await?;
+    let (site, range, _, _slot) = scope(&state, &raw, &headers, query).await?;
     let points = daily_points(&state, &site, range).await?;
     let total = combine(
         state
@@ -256,7 +269,7 @@ async fn top(
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<TopResponse>, ApiError> {
-    let (site, range, q) = scope(&state, &raw, &headers, query).await?;
+    let (site, range, q, _slot) = scope(&state, &raw, &headers, query).await?;
     let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
     Ok(Json(TopResponse {
         site: site.id.to_string(),
@@ -353,6 +366,7 @@ async fn page(
         Err(e) => return Err(e),
     };
     let (range, range_name) = q.resolve(&state, &site)?;
+    let _slot = state.stats_slot().await?;
     let now = state.clock.now();
     let mut cards = Vec::new();
     for (name, label, id) in [

@@ -15,6 +15,8 @@ use crate::store::StoreError;
 pub const RETRY_AFTER_OVERLOAD: u64 = 1;
 /// Seconds a client should wait after the store failed.
 pub const RETRY_AFTER_STORE: u64 = 5;
+/// Seconds a client should wait while the disk is below its free-space floor.
+pub const RETRY_AFTER_DISK: u64 = 60;
 
 /// An error answer.
 #[derive(Debug, thiserror::Error)]
@@ -22,9 +24,17 @@ pub enum ApiError {
     /// 400: the request is malformed; `code` names what.
     #[error("{message}")]
     BadRequest { code: &'static str, message: String },
+    /// 400: more records in one anonymous request than the sender's allowance can ever hold.
+    #[error(
+        "this batch holds more records than one address may send at once ({allowance}); send smaller batches, or use the site's ingest key"
+    )]
+    OverAllowance { allowance: u32 },
     /// 401: a private resource without a valid admin token.
     #[error("this resource needs the admin token")]
     Unauthorized,
+    /// 401: an `Authorization: Bearer` ingest key that is not the site's.
+    #[error("the ingest key is not valid for site {site:?}")]
+    InvalidIngestKey { site: String },
     /// 403: unknown site, or an origin the site does not allow.
     #[error("{message}")]
     Forbidden { code: &'static str, message: String },
@@ -49,6 +59,12 @@ pub enum ApiError {
     /// 503: the store failed; nothing was counted; retry later.
     #[error("storage is unavailable; nothing was counted; retry later")]
     StorageUnavailable,
+    /// 503: free disk space is below the configured floor; nothing was counted.
+    #[error("the collector's disk is nearly full; nothing was counted; retry later")]
+    DiskFull,
+    /// 503: every stats reader slot is taken.
+    #[error("too many stats requests at once; retry shortly")]
+    Busy,
 }
 
 impl ApiError {
@@ -63,15 +79,18 @@ impl ApiError {
     /// The status code.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::BadRequest { .. } | ApiError::OverAllowance { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized | ApiError::InvalidIngestKey { .. } => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Overloaded | ApiError::StorageUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Overloaded
+            | ApiError::StorageUnavailable
+            | ApiError::DiskFull
+            | ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -79,7 +98,9 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::BadRequest { code, .. } | ApiError::Forbidden { code, .. } => code,
+            ApiError::OverAllowance { .. } => "batch_over_allowance",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::InvalidIngestKey { .. } => "invalid_ingest_key",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::TooLarge { .. } => "body_too_large",
@@ -87,14 +108,17 @@ impl ApiError {
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Overloaded => "overloaded",
             ApiError::StorageUnavailable => "storage_unavailable",
+            ApiError::DiskFull => "disk_full",
+            ApiError::Busy => "busy",
         }
     }
 
     fn retry_after(&self) -> Option<u64> {
         match self {
             ApiError::RateLimited { retry_after } => Some(*retry_after),
-            ApiError::Overloaded => Some(RETRY_AFTER_OVERLOAD),
+            ApiError::Overloaded | ApiError::Busy => Some(RETRY_AFTER_OVERLOAD),
             ApiError::StorageUnavailable => Some(RETRY_AFTER_STORE),
+            ApiError::DiskFull => Some(RETRY_AFTER_DISK),
             _ => None,
         }
     }
@@ -148,6 +172,13 @@ impl From<SiteError> for ApiError {
             },
             SiteError::Origin { .. } => ApiError::Forbidden {
                 code: "origin_not_allowed",
+                message: e.to_string(),
+            },
+            SiteError::CreationLimited(wait) => ApiError::RateLimited {
+                retry_after: wait.as_secs().max(1),
+            },
+            SiteError::SiteLimit(_) => ApiError::Forbidden {
+                code: "site_limit_reached",
                 message: e.to_string(),
             },
             SiteError::Store(e) => e.into(),

@@ -1,8 +1,13 @@
 //! `POST /api/v1/hit` and `POST /api/v1/events`: parse, validate, filter, queue, answer after
 //! commit.
 //!
-//! The one flow for every record: body → wire `Hit` → [`ValidHit`] (400 with a code) → site and
-//! origin (403) → bot filter (`filtered`, not counted) → visitor key (client id, or a keyed
+//! The one flow for every record: cost bounded first (content type, `Content-Length`, the
+//! sender's address allowance, a batch slot) → body (at most 8 KiB / 4 MiB) → wire `Hit` (a
+//! batch is split into at most 500 raw records without building them: a longer array is
+//! refused as soon as its 501st element is seen) → [`ValidHit`] (400 with a code) → site and
+//! origin (403; auto-sites creates here) → lane: the site's ingest key (no address limits) or
+//! the sender's address limits (429 with `Retry-After`, or 400 `batch_over_allowance` when no
+//! wait could help) → bot filter (`filtered`, not counted) → visitor key (client id, or a keyed
 //! hash of the source) → [`Record`] with its local day → ingest queue → commit → outcome.
 
 use std::net::SocketAddr;
@@ -14,17 +19,20 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, RawQuery, State};
 use axum::http::{HeaderMap, header};
 use axum::routing::post;
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use tally_wire::{
     BatchResponse, BatchResult, Hit, HitResponse, MAX_BATCH_BYTES, MAX_BATCH_RECORDS,
     MAX_HIT_BYTES, Status,
 };
 
 use super::error::json_error;
-use super::{ApiError, AppState, check_content_type, origin, read_body};
+use super::{ApiError, AppState, MAX_USER_AGENT_BYTES, check_content_type, origin, read_body};
 use crate::core::hit::{HitKind, ValidHit};
-use crate::core::ids::PagePath;
+use crate::core::ids::{PagePath, SiteId};
+use crate::core::net::ClientNet;
 use crate::core::record::{Outcome, Record, Source};
+use crate::limits::{Lane, Refusal};
 use crate::store::Site;
 
 pub fn router() -> Router<AppState> {
@@ -36,21 +44,44 @@ pub fn router() -> Router<AppState> {
 /// What the request says about its sender.
 pub struct Sender {
     pub ip: std::net::IpAddr,
+    /// The network the sender's requests are limited by.
+    pub net: ClientNet,
+    /// The user agent, cut to [`MAX_USER_AGENT_BYTES`].
     pub user_agent: String,
     pub origin: Option<String>,
+    /// An `Authorization: Bearer` value: a site's ingest key, if the sender is the site's server.
+    pub bearer: Option<String>,
 }
 
 impl Sender {
     /// Read the sender from a request.
     pub fn from_request(state: &AppState, peer: SocketAddr, headers: &HeaderMap) -> Self {
+        let ip = state.client_ip(peer, headers);
         Self {
-            ip: state.client_ip(peer, headers),
-            user_agent: headers
-                .get(header::USER_AGENT)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned(),
+            ip,
+            net: ClientNet::of(ip),
+            user_agent: super::truncate(
+                headers
+                    .get(header::USER_AGENT)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default(),
+                MAX_USER_AGENT_BYTES,
+            )
+            .to_owned(),
             origin: origin(headers).map(str::to_owned),
+            bearer: headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(|v| v.trim().to_owned()),
+        }
+    }
+
+    /// Whether this sender holds `site`'s ingest key (compared in constant time).
+    pub fn has_key_of(&self, site: &Site) -> bool {
+        match (&self.bearer, &site.ingest_key) {
+            (Some(given), Some(key)) => super::constant_time_eq(given, key),
+            _ => false,
         }
     }
 }
@@ -73,17 +104,42 @@ enum Prepared {
     Filtered(Arc<Site>, PagePath),
 }
 
-async fn prepare(
+/// A valid hit and its site, with the lane it is charged to.
+struct Checked {
+    valid: ValidHit,
+    site: Arc<Site>,
+    /// The sender holds the site's ingest key: no address limits.
+    keyed: bool,
+}
+
+/// Validate a hit and find (or, with auto-sites, create) its site; decide its lane.
+async fn check(
     state: &AppState,
     hit: &Hit,
     sender: &Sender,
     now: jiff::Timestamp,
-) -> Result<Prepared, ApiError> {
+) -> Result<Checked, ApiError> {
     let valid = ValidHit::parse(hit, now, state.config.window)?;
     let site = state
         .sites
-        .for_origin(&valid.site, sender.origin.as_deref())
+        .for_counting(&valid.site, sender.origin.as_deref(), sender.net, now)
         .await?;
+    let keyed = sender.has_key_of(&site);
+    if sender.bearer.is_some() && !keyed {
+        return Err(ApiError::InvalidIngestKey {
+            site: site.id.to_string(),
+        });
+    }
+    Ok(Checked { valid, site, keyed })
+}
+
+/// Filter and key a checked hit into a record.
+async fn prepare(
+    state: &AppState,
+    checked: Checked,
+    sender: &Sender,
+) -> Result<Prepared, ApiError> {
+    let Checked { valid, site, .. } = checked;
     if let Some(reason) = filter_reason(state, sender) {
         state
             .metrics
@@ -146,26 +202,62 @@ pub fn observe(state: &AppState, record: &Record, outcome: Outcome) {
     }
 }
 
-/// The per-source rate limit: one record per site mentioned (a batch may mix sites).
-fn admit<'a>(
+/// The sender's address allowance for the unkeyed records of a request: one record per site
+/// mentioned (a batch may mix sites), all charged or none.
+fn admit(
     state: &AppState,
     sender: &Sender,
-    sites: impl Iterator<Item = &'a crate::core::ids::SiteId>,
+    sites: &[&SiteId],
+    now: jiff::Timestamp,
 ) -> Result<(), ApiError> {
-    let mut per_site: Vec<(&crate::core::ids::SiteId, usize)> = Vec::new();
+    let mut per_site: Vec<(&SiteId, u32)> = Vec::new();
     for site in sites {
-        match per_site.iter_mut().find(|(s, _)| *s == site) {
+        match per_site.iter_mut().find(|(s, _)| s == site) {
             Some((_, n)) => *n += 1,
             None => per_site.push((site, 1)),
         }
     }
-    for (site, n) in per_site {
+    if per_site.is_empty() {
+        return Ok(());
+    }
+    state
+        .limits
+        .admit_many(Lane::Direct, sender.net, &per_site, now)
+        .map_err(refused)
+}
+
+/// A limit refusal as an answer.
+pub fn refused(refusal: Refusal) -> ApiError {
+    match refusal {
+        Refusal::Wait(wait) => ApiError::RateLimited {
+            retry_after: wait.as_secs().max(1),
+        },
+        Refusal::Never { allowance } => ApiError::OverAllowance { allowance },
+    }
+}
+
+/// Before reading a body: refuse at once a sender with no allowance left (unless it presents
+/// an ingest key, which is checked after parsing), and a declared length over `limit`.
+fn precheck(
+    state: &AppState,
+    sender: &Sender,
+    headers: &HeaderMap,
+    limit: usize,
+    now: jiff::Timestamp,
+) -> Result<(), ApiError> {
+    check_content_type(headers)?;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::TooLarge { limit });
+    }
+    if sender.bearer.is_none() {
         state
-            .limiter
-            .check(site, sender.ip, &sender.user_agent, n)
-            .map_err(|wait| ApiError::RateLimited {
-                retry_after: wait.as_secs().max(1),
-            })?;
+            .limits
+            .has_room(Lane::Direct, sender.net, now)
+            .map_err(refused)?;
     }
     Ok(())
 }
@@ -184,7 +276,7 @@ fn wants_counts(query: Option<&str>) -> bool {
     })
 }
 
-fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+fn parse_body<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad("empty_body", "the request body is empty"));
     }
@@ -194,7 +286,11 @@ fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
 /// Record a 4xx in the metrics on its way out.
 fn rejected(state: &AppState, e: ApiError) -> ApiError {
     match &e {
-        ApiError::Overloaded | ApiError::StorageUnavailable | ApiError::RateLimited { .. } => {
+        ApiError::Overloaded
+        | ApiError::StorageUnavailable
+        | ApiError::DiskFull
+        | ApiError::Busy
+        | ApiError::RateLimited { .. } => {
             state
                 .metrics
                 .refused
@@ -220,18 +316,21 @@ async fn hit(
     body: Body,
 ) -> Result<Json<HitResponse>, ApiError> {
     let run = async {
-        check_content_type(&headers)?;
-        let bytes = read_body(body, MAX_HIT_BYTES).await?;
-        let hit: Hit = parse_body(&bytes)?;
         let sender = Sender::from_request(&state, peer, &headers);
         let now = state.clock.now();
-        let (status, site, page) = match prepare(&state, &hit, &sender, now).await? {
+        precheck(&state, &sender, &headers, MAX_HIT_BYTES, now)?;
+        let bytes = read_body(body, MAX_HIT_BYTES).await?;
+        let hit: Hit = parse_body(&bytes)?;
+        let checked = check(&state, &hit, &sender, now).await?;
+        if !checked.keyed {
+            admit(&state, &sender, &[&checked.valid.site], now)?;
+        }
+        let (status, site, page) = match prepare(&state, checked, &sender).await? {
             Prepared::Filtered(site, page) => {
                 state.metrics.hit("filtered");
                 (Status::Filtered, site, page)
             }
             Prepared::Record(record, site) => {
-                admit(&state, &sender, std::iter::once(&record.site))?;
                 let outcome = state.ingest.submit(vec![(*record).clone()]).await?;
                 let outcome = outcome.first().copied().unwrap_or(Outcome::Duplicate);
                 observe(&state, &record, outcome);
@@ -247,6 +346,57 @@ async fn hit(
     run.await.map_err(|e| rejected(&state, e))
 }
 
+/// Marks the error raised when a batch holds more than [`MAX_BATCH_RECORDS`] records.
+const TOO_MANY_RECORDS: &str = "tally: batch holds too many records";
+
+/// The records of a batch, as raw JSON slices of the body: nothing is built per record until
+/// the count is known, and the count is checked element by element.
+struct RawRecords<'a>(Vec<&'a RawValue>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawRecords<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Records<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Records<'a> {
+            type Value = RawRecords<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of records")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(raw) = seq.next_element::<&'de RawValue>()? {
+                    if out.len() == MAX_BATCH_RECORDS {
+                        return Err(serde::de::Error::custom(TOO_MANY_RECORDS));
+                    }
+                    out.push(raw);
+                }
+                Ok(RawRecords(out))
+            }
+        }
+        d.deserialize_seq(Records(std::marker::PhantomData))
+    }
+}
+
+/// A batch body; unknown top-level fields are skipped without being built.
+#[derive(Deserialize)]
+struct RawBatch<'a> {
+    #[serde(borrow)]
+    events: RawRecords<'a>,
+}
+
+/// The event id of a record that did not parse, if it has a string one.
+fn event_id_of(raw: &RawValue) -> Option<String> {
+    #[derive(Deserialize)]
+    struct IdOnly {
+        event_id: Option<String>,
+    }
+    serde_json::from_str::<IdOnly>(raw.get())
+        .ok()
+        .and_then(|r| r.event_id)
+}
+
 async fn events(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -254,59 +404,78 @@ async fn events(
     body: Body,
 ) -> Result<Json<BatchResponse>, ApiError> {
     let run = async {
-        check_content_type(&headers)?;
-        let bytes = read_body(body, MAX_BATCH_BYTES).await?;
-        // Records are parsed one by one so a bad record does not spoil the others.
-        #[derive(serde::Deserialize)]
-        struct RawBatch {
-            events: Vec<Value>,
-        }
-        let batch: RawBatch = parse_body(&bytes)?;
-        if batch.events.len() > MAX_BATCH_RECORDS {
-            return Err(ApiError::bad(
-                "batch_too_large",
-                format!("a batch holds at most {MAX_BATCH_RECORDS} records"),
-            ));
-        }
         let sender = Sender::from_request(&state, peer, &headers);
         let now = state.clock.now();
-        let mut results = Vec::with_capacity(batch.events.len());
-        let mut records = Vec::new();
-        let mut slots = Vec::new();
-        for raw in batch.events {
-            let event_id = raw
-                .get("event_id")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            let prepared = match serde_json::from_value::<Hit>(raw) {
-                Ok(hit) => prepare(&state, &hit, &sender, now).await,
+        precheck(&state, &sender, &headers, MAX_BATCH_BYTES, now)?;
+        // At most `--batch-concurrency` bodies of up to 4 MiB are held and parsed at once.
+        let _slot = Arc::clone(&state.batch_slots)
+            .try_acquire_owned()
+            .map_err(|_| ApiError::Overloaded)?;
+        let bytes = read_body(body, MAX_BATCH_BYTES).await?;
+        let batch: RawBatch<'_> = parse_body(&bytes).map_err(|e| match e {
+            ApiError::BadRequest { message, .. } if message.contains(TOO_MANY_RECORDS) => {
+                ApiError::bad(
+                    "batch_too_large",
+                    format!("a batch holds at most {MAX_BATCH_RECORDS} records"),
+                )
+            }
+            other => other,
+        })?;
+        let mut results = Vec::with_capacity(batch.events.0.len());
+        let mut checked = Vec::new();
+        for raw in batch.events.0 {
+            let event_id = event_id_of(raw);
+            let outcome = match serde_json::from_str::<Hit>(raw.get()) {
+                Ok(hit) => check(&state, &hit, &sender, now).await,
                 Err(e) => Err(json_error(&e)),
             };
-            let result = |status, error: Option<&str>| BatchResult {
-                event_id: event_id.clone(),
-                status,
-                error: error.map(str::to_owned),
-            };
-            match prepared {
-                Ok(Prepared::Record(record, _)) => {
-                    slots.push(results.len());
-                    records.push(*record);
-                    results.push(result(Status::Accepted, None));
+            match outcome {
+                Ok(c) => {
+                    checked.push((results.len(), c));
+                    results.push(BatchResult {
+                        event_id,
+                        status: Status::Accepted,
+                        error: None,
+                    });
                 }
-                Ok(Prepared::Filtered(..)) => {
-                    state.metrics.hit("filtered");
-                    results.push(result(Status::Filtered, None));
-                }
-                // The whole batch cannot be stored: fail it so the client retries it.
-                Err(e @ (ApiError::Overloaded | ApiError::StorageUnavailable)) => return Err(e),
+                // The whole batch cannot be stored now: fail it so the client retries it.
+                Err(
+                    e @ (ApiError::Overloaded
+                    | ApiError::StorageUnavailable
+                    | ApiError::DiskFull
+                    | ApiError::RateLimited { .. }),
+                ) => return Err(e),
                 Err(e) => {
                     let e = rejected(&state, e);
-                    results.push(result(Status::Rejected, Some(e.code())));
+                    results.push(BatchResult {
+                        event_id,
+                        status: Status::Rejected,
+                        error: Some(e.code().to_owned()),
+                    });
+                }
+            }
+        }
+        let unkeyed: Vec<&SiteId> = checked
+            .iter()
+            .filter(|(_, c)| !c.keyed)
+            .map(|(_, c)| &c.valid.site)
+            .collect();
+        admit(&state, &sender, &unkeyed, now)?;
+        let mut records = Vec::new();
+        let mut slots = Vec::new();
+        for (slot, c) in checked {
+            match prepare(&state, c, &sender).await? {
+                Prepared::Record(record, _) => {
+                    slots.push(slot);
+                    records.push(*record);
+                }
+                Prepared::Filtered(..) => {
+                    state.metrics.hit("filtered");
+                    results[slot].status = Status::Filtered;
                 }
             }
         }
         if !records.is_empty() {
-            admit(&state, &sender, records.iter().map(|r| &r.site))?;
             let outcomes = state.ingest.submit(records.clone()).await?;
             for ((slot, record), outcome) in slots.into_iter().zip(&records).zip(outcomes) {
                 observe(&state, record, outcome);

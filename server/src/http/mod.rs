@@ -14,8 +14,10 @@ mod hit;
 mod ops;
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
@@ -29,9 +31,10 @@ use crate::config::ServeConfig;
 use crate::core::clock::Clock;
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::LiveWindow;
+use crate::core::net::ClientNet;
 use crate::core::suppress::Suppressor;
 use crate::ingest::Ingest;
-use crate::limits::SourceLimiter;
+use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::privacy::SourceHasher;
 use crate::sites::SiteRegistry;
@@ -40,14 +43,30 @@ use crate::store::Store;
 /// Live-window key: a whole site (`None`) or one of its pages.
 pub type LiveKey = (SiteId, Option<PagePath>);
 
-/// User agents whose bot verdict is remembered.
-const BOT_VERDICTS: usize = 4096;
+/// User agents whose bot verdict is remembered (by a 64-bit hash: 16 bytes an entry, however
+/// long the agent).
+pub const BOT_VERDICTS: usize = 4096;
+
+/// Longest user agent looked at, in bytes: longer ones are judged (and hashed) by this prefix.
+/// Real browsers send 100–300 bytes; the header itself is bounded by the server's header limit.
+pub const MAX_USER_AGENT_BYTES: usize = 512;
+
+/// Most live-window keys (sites and pages) tracked at once; new page keys beyond it are not
+/// tracked (site keys always are). Each key holds at most `LIVE_MAX_VISITORS` visitors.
+pub const LIVE_MAX_KEYS: usize = 20_000;
+
+/// How long a stats request waits for a free reader slot before 503.
+const STATS_WAIT: Duration = Duration::from_secs(2);
 
 /// Sources remembered for badge/pixel repeat suppression.
 const SUPPRESSOR_KEYS: usize = 200_000;
 
-/// Most distinct visitors tracked per live key.
+/// Within this many milliseconds a known image proxy's fetches of one page count once.
+pub const PROXY_REPEAT_MS: i64 = 1000;
+
+/// Most distinct visitors tracked per live key, and in total over all keys.
 const LIVE_MAX_VISITORS: usize = 100_000;
+const LIVE_MAX_VISITORS_TOTAL: usize = 400_000;
 
 /// Everything a handler needs; cloned per request (all fields are shared handles).
 #[derive(Clone)]
@@ -63,12 +82,20 @@ pub struct AppState {
     pub hasher: Arc<SourceHasher>,
     /// The bot user-agent list, compiled once.
     pub bots: Arc<isbot::Bots>,
-    /// Per-source limit of script hits.
-    pub limiter: Arc<SourceLimiter>,
+    /// Per-address limits of every counting route and of new sites.
+    pub limits: Arc<Limits>,
     /// Badge and pixel repeat suppression (sources without a visitor id).
     pub suppressor: Arc<Mutex<Suppressor>>,
-    /// Verdicts of recently seen user agents (the list is a large regex; agents repeat).
-    bot_verdicts: Arc<Mutex<HashMap<String, bool>>>,
+    /// The repeat gate of known image proxies: per (proxy address, page), one second.
+    pub proxy_suppressor: Arc<Mutex<Suppressor>>,
+    /// Verdicts of recently seen user agents by hash (the list is a large regex; agents repeat).
+    bot_verdicts: Arc<Mutex<HashMap<u64, bool>>>,
+    /// Hashes user agents for the verdict cache.
+    ua_hasher: std::collections::hash_map::RandomState,
+    /// Stats requests (dashboard, series, top) in flight at once.
+    pub stats_slots: Arc<tokio::sync::Semaphore>,
+    /// Batch bodies being read and parsed at once.
+    pub batch_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -81,20 +108,34 @@ impl AppState {
         metrics: Arc<Metrics>,
     ) -> Self {
         let repeat_interval_secs = config.repeat_interval_secs;
-        let rate_limit_per_minute = config.rate_limit_per_minute;
+        let limits = Arc::new(Limits::new(config.limits()));
         Self {
-            sites: Arc::new(SiteRegistry::new(Arc::clone(&store), config.auto_sites)),
+            sites: Arc::new(SiteRegistry::new(
+                Arc::clone(&store),
+                config.auto_sites,
+                config.max_sites,
+                Arc::clone(&limits),
+            )),
             hasher: Arc::new(SourceHasher::new(Arc::clone(&store))),
             live: Arc::new(Mutex::new(LiveWindow::new(
                 config.live_window_secs,
                 LIVE_MAX_VISITORS,
+                LIVE_MAX_KEYS,
+                LIVE_MAX_VISITORS_TOTAL,
             ))),
+            stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
+            batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
             config: Arc::new(config),
             bots: Arc::new(isbot::Bots::default()),
             bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
-            limiter: Arc::new(SourceLimiter::new(rate_limit_per_minute)),
+            ua_hasher: std::collections::hash_map::RandomState::new(),
+            limits,
             suppressor: Arc::new(Mutex::new(Suppressor::new(
                 i64::from(repeat_interval_secs) * 1000,
+                SUPPRESSOR_KEYS,
+            ))),
+            proxy_suppressor: Arc::new(Mutex::new(Suppressor::new(
+                PROXY_REPEAT_MS,
                 SUPPRESSOR_KEYS,
             ))),
             store,
@@ -119,14 +160,21 @@ impl AppState {
         peer.ip()
     }
 
-    /// Whether `user_agent` is on the bot list (cached for the most recent agents).
+    /// The network the client's requests are limited by.
+    pub fn client_net(&self, peer: SocketAddr, headers: &HeaderMap) -> ClientNet {
+        ClientNet::of(self.client_ip(peer, headers))
+    }
+
+    /// Whether `user_agent` is on the bot list (cached by hash for the most recent agents;
+    /// only the first [`MAX_USER_AGENT_BYTES`] are looked at).
     pub fn is_bot(&self, user_agent: &str) -> bool {
-        if let Some(&verdict) = self
+        let user_agent = truncate(user_agent, MAX_USER_AGENT_BYTES);
+        let key = self.ua_hasher.hash_one(user_agent);
+        if let Some(verdict) = self
             .bot_verdicts
             .lock()
             .ok()
-            .and_then(|c| c.get(user_agent).copied())
-            .as_ref()
+            .and_then(|c| c.get(&key).copied())
         {
             return verdict;
         }
@@ -135,9 +183,19 @@ impl AppState {
             if cache.len() >= BOT_VERDICTS {
                 cache.clear();
             }
-            cache.insert(user_agent.to_owned(), verdict);
+            cache.insert(key, verdict);
         }
         verdict
+    }
+
+    /// A slot for one stats request (dashboard, series, top): waits up to 2 s for one of
+    /// `--stats-concurrency` slots, else 503 `busy` with `Retry-After`.
+    pub async fn stats_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        match tokio::time::timeout(STATS_WAIT, Arc::clone(&self.stats_slots).acquire_owned()).await
+        {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(ApiError::Busy),
+        }
     }
 
     /// Whether the request carries the admin token (bearer header or session cookie).
@@ -160,6 +218,18 @@ impl AppState {
     }
 }
 
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+pub fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
 /// The admin session cookie's value: derived from the token, so the cookie never holds it.
 pub fn session_value(token: &str) -> String {
     blake3::derive_key("tally 2026 admin session cookie", token.as_bytes())
@@ -168,12 +238,12 @@ pub fn session_value(token: &str) -> String {
         .collect()
 }
 
-fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+/// Whether two secrets are equal, in time that depends on neither their content nor their
+/// lengths: both are hashed to 32 bytes first, and the digests compared without branching.
+pub(crate) fn constant_time_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (blake3::hash(a.as_bytes()), blake3::hash(b.as_bytes()));
+    // blake3's `Hash` equality is constant-time.
+    a == b
 }
 
 /// The whole application.

@@ -40,6 +40,8 @@ pub struct Site {
     pub zone: SiteZone,
     /// Whether the stats (dashboard, series, top) are open without the admin token.
     pub public: bool,
+    /// The site's ingest key for server-side senders (`Authorization: Bearer …`), if set.
+    pub ingest_key: Option<String>,
 }
 
 impl Site {
@@ -132,8 +134,9 @@ pub trait Store: Send + Sync + 'static {
     async fn get_site(&self, id: &SiteId) -> Result<Option<Site>, StoreError>;
     /// Create or replace a site.
     async fn put_site(&self, site: &Site) -> Result<(), StoreError>;
-    /// Create a site unless it exists (auto-sites); returns the stored one.
-    async fn ensure_site(&self, site: &Site) -> Result<Site, StoreError>;
+    /// Create a site unless it exists (auto-sites); returns the stored one, or `None` when
+    /// `max_sites > 0` sites exist already.
+    async fn ensure_site(&self, site: &Site, max_sites: u64) -> Result<Option<Site>, StoreError>;
     /// Remove a site's configuration (its counted data stays). Returns whether it existed.
     async fn remove_site(&self, id: &SiteId) -> Result<bool, StoreError>;
 

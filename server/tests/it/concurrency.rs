@@ -42,7 +42,7 @@ struct Event {
 async fn exact_counts_under_concurrent_duplicates() {
     // One test machine is one source: the per-source limit is off for this load.
     let mut app = spawn_app_with(Options {
-        configure: |c| c.rate_limit_per_minute = 0,
+        configure: crate::support::unlimited,
         ..Options::default()
     })
     .await;

@@ -27,6 +27,10 @@ async fn start(db: &Path) -> (Child, String) {
             "--auto-sites",
             "--rate-limit-per-minute",
             "0",
+            "--address-limit-per-minute",
+            "0",
+            "--new-sites-per-hour",
+            "0",
             "--db",
         ])
         .arg(db)

@@ -309,11 +309,20 @@ async fn a_flooding_source_gets_429_with_retry_after_and_nothing_is_lost() {
         r.json::<Value>().await.expect("json")["error"],
         "rate_limited"
     );
-    // Another source is not affected; the refused hit was not counted.
-    let other = app
+    // Another user agent from the same address buys no fresh allowance.
+    let same_address = app
         .client
         .post(app.url("/api/v1/hit"))
         .header("user-agent", "Mozilla/5.0 (Macintosh) Safari/605")
+        .header("content-type", "text/plain")
+        .body(pageview(&event_id_at(app.now()), Some(V2), "/a").to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(same_address.status(), 429);
+    // Another address is not affected; the refused hits were not counted.
+    let other = crate::support::client_from("127.0.0.2")
+        .post(app.url("/api/v1/hit"))
         .header("content-type", "text/plain")
         .body(pageview(&event_id_at(app.now()), Some(V2), "/a").to_string())
         .send()
@@ -327,7 +336,7 @@ async fn a_flooding_source_gets_429_with_retry_after_and_nothing_is_lost() {
     assert!(
         app.metrics()
             .await
-            .contains(r#"tally_refused_total{reason="rate_limited"} 1"#)
+            .contains(r#"tally_refused_total{reason="rate_limited"} 2"#)
     );
     app.stop().await;
 }

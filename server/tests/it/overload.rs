@@ -24,7 +24,7 @@ async fn locked_store_and_full_queue_refuse_honestly_and_retries_count_once() {
     let mut app = spawn_app_with(Options {
         configure: |c| {
             c.ingest.capacity = 2;
-            c.rate_limit_per_minute = 0;
+            crate::support::unlimited(c);
         },
         ..Options::default()
     })

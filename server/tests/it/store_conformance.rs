@@ -122,6 +122,7 @@ async fn sites_round_trip(store: Arc<dyn Store>) {
         origins: vec!["https://a.example".into(), "https://b.example".into()],
         zone: SiteZone::parse("Europe/Berlin").expect("zone"),
         public: false,
+        ingest_key: None,
     };
     store.put_site(&site).await.expect("put");
     let got = store
@@ -134,10 +135,15 @@ async fn sites_round_trip(store: Arc<dyn Store>) {
     assert!(!got.public);
     let auto = Site {
         public: true,
+        ingest_key: None,
         origins: vec!["*".into()],
         ..site.clone()
     };
-    let kept = store.ensure_site(&auto).await.expect("ensure");
+    let kept = store
+        .ensure_site(&auto, 0)
+        .await
+        .expect("ensure")
+        .expect("exists");
     assert!(!kept.public, "ensure_site keeps an existing site");
     assert!(store.remove_site(&site.id).await.expect("remove"));
     assert!(store.get_site(&site.id).await.expect("get").is_none());

@@ -57,6 +57,23 @@ impl Default for Options {
     }
 }
 
+/// Turn every per-address limit off (load tests send everything from one address).
+pub fn unlimited(c: &mut ServeConfig) {
+    c.rate_limit_per_minute = 0;
+    c.address_limit_per_minute = 0;
+    c.new_sites_per_hour = 0;
+}
+
+/// A client whose requests come from another loopback address (`127.0.0.x`): another
+/// client network for the per-address limits.
+pub fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .user_agent(UA)
+        .local_address(Some(ip.parse().expect("ip")))
+        .build()
+        .expect("client")
+}
+
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(Options::default()).await
 }
@@ -73,6 +90,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
             origins: vec![ORIGIN.into()],
             zone: SiteZone::parse(options.zone).expect("zone"),
             public: true,
+            ingest_key: None,
         })
         .await
         .expect("site");

@@ -293,13 +293,19 @@ impl Store for SqliteStore {
         self.write(move |conn| insert_site(conn, &site, true)).await
     }
 
-    async fn ensure_site(&self, site: &Site) -> Result<Site, StoreError> {
+    async fn ensure_site(&self, site: &Site, max_sites: u64) -> Result<Option<Site>, StoreError> {
+        // Temporary (replaced by the schema v2 branch): count, then insert, on the one writer.
         let site = site.clone();
         self.write(move |conn| {
+            if let Some(existing) = query_sites(conn, Some(site.id.as_str()))?.pop() {
+                return Ok(Some(existing));
+            }
+            let n: i64 = conn.query_row("SELECT COUNT(*) FROM sites", [], |r| r.get(0))?;
+            if max_sites > 0 && n as u64 >= max_sites {
+                return Ok(None);
+            }
             insert_site(conn, &site, false)?;
-            query_sites(conn, Some(site.id.as_str()))?
-                .pop()
-                .ok_or_else(|| backend("site vanished after insert"))
+            Ok(query_sites(conn, Some(site.id.as_str()))?.pop())
         })
         .await
     }

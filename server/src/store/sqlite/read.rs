@@ -74,6 +74,7 @@ pub(super) fn site_from_row(row: &rusqlite::Row<'_>) -> Result<Site, StoreError>
             .map_err(|e| StoreError::Invalid(format!("origins of {id:?}: {e}")))?,
         zone: SiteZone::parse(&tz).map_err(|e| StoreError::Invalid(e.to_string()))?,
         public,
+        ingest_key: None,
     })
 }
 
