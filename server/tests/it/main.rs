@@ -1,5 +1,6 @@
 //! Integration tests: real HTTP over loopback on port 0, a real SQLite file per test.
 
+mod attack;
 mod bad_input;
 mod badge;
 mod cli;

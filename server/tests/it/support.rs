@@ -234,3 +234,73 @@ impl TestApp {
         }
     }
 }
+
+/// A real `tally serve` process on a fresh database (for RSS, signals and files).
+pub struct Binary {
+    pub child: tokio::process::Child,
+    pub base: String,
+    pub db: PathBuf,
+    pub _dir: tempfile::TempDir,
+}
+
+impl Binary {
+    /// Start `tally serve` on port 0 with `args` after `serve`; waits for its address.
+    pub async fn start(args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("tally.sqlite");
+        Self::start_on(dir, db, args).await
+    }
+
+    /// Start on an existing database directory.
+    pub async fn start_on(dir: tempfile::TempDir, db: PathBuf, args: &[&str]) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+            .arg("--db")
+            .arg(&db)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("TALLY_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn tally");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = lines.next_line().await.expect("read").expect("a line");
+        let base = line
+            .strip_prefix("listening on ")
+            .expect("listening line")
+            .to_owned();
+        Self {
+            child,
+            base,
+            db,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A `/proc/<pid>/status` value in KiB (`VmRSS`, `VmHWM`).
+    pub fn proc_kib(&self, field: &str) -> u64 {
+        let pid = self.child.id().expect("running");
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .expect("status")
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .expect("field")
+    }
+
+    /// SIGTERM, and wait for the process to finish.
+    pub async fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running");
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        self.child.wait().await.expect("wait")
+    }
+}

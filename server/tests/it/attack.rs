@@ -1,0 +1,380 @@
+//! The attack suite: one test per way a single hostile client could exhaust disk, memory,
+//! connections or sites, each asserting the bound that now holds (SECURITY.md maps threats to
+//! these tests). Real HTTP over loopback; the real binary where memory or files matter.
+
+use std::collections::HashMap;
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use crate::support::{
+    Binary, ORIGIN, Options, client, client_from, event_id_at, pageview, spawn_app_with,
+};
+
+/// Answers by status code.
+fn tally_statuses(codes: &[u16]) -> HashMap<u16, usize> {
+    let mut by = HashMap::new();
+    for c in codes {
+        *by.entry(*c).or_default() += 1;
+    }
+    by
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_agent_rotation_buys_no_fresh_allowance() {
+    // Default limits: 120 records per minute per (address, site). The clock stands still.
+    let mut app = spawn_app_with(Options::default()).await;
+    let allowance = 120usize;
+    let now = app.now();
+    let bodies: Vec<(String, String)> = (0..5_000)
+        .map(|i| {
+            (
+                format!("Mozilla/5.0 (X11; Linux x86_64) Chrome/126.{i}"),
+                pageview(
+                    &event_id_at(now),
+                    Some(&uuid::Uuid::new_v4().to_string()),
+                    &format!("/p{i}"),
+                )
+                .to_string(),
+            )
+        })
+        .collect();
+    let http = client();
+    let url = app.url("/api/v1/hit");
+    let codes: Vec<u16> = futures_util::stream::iter(bodies)
+        .map(|(ua, body)| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                http.post(url)
+                    .header("user-agent", ua)
+                    .header("content-type", "text/plain")
+                    .header("origin", ORIGIN)
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("request")
+                    .status()
+                    .as_u16()
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let by = tally_statuses(&codes);
+    assert_eq!(by.get(&200).copied().unwrap_or(0), allowance, "{by:?}");
+    assert_eq!(by.get(&429).copied().unwrap_or(0), 5_000 - allowance);
+    let counts = app.counts("/").await;
+    assert_eq!(
+        counts.site.views, allowance as u64,
+        "only admitted hits stored"
+    );
+    app.assert_no_drift().await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_sites_badges_and_pixels_draw_on_one_address_allowance() {
+    let mut app = spawn_app_with(Options {
+        configure: |c| {
+            c.auto_sites = true;
+            c.repeat_interval_secs = 0;
+        },
+        ..Options::default()
+    })
+    .await;
+    let now = app.now();
+    // 200 new site ids from one address: at most 10 sites are created (per hour).
+    let mut created = 0;
+    let mut limited = 0;
+    for i in 0..200 {
+        let body = json!({"site": format!("rnd{i}"), "type": "pageview",
+            "event_id": event_id_at(now), "visitor_id": null,
+            "url": format!("https://rnd{i}.example/x"), "referrer": null});
+        let r = app.post_hit(&body).await;
+        match r.status().as_u16() {
+            200 => created += 1,
+            429 => {
+                limited += 1;
+                assert_eq!(
+                    r.json::<Value>().await.expect("json")["error"],
+                    "rate_limited"
+                );
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let sites = app.store.list_sites().await.expect("sites").len();
+    assert_eq!(created, 10);
+    assert_eq!(limited, 190);
+    assert_eq!(sites, 11, "blog + 10 created");
+    // Badge and pixel fetches of 1,000 distinct pages with a new user agent each: counted
+    // views stop at the (address, site) allowance of 120, the images are still served.
+    let mut counted = 0;
+    for i in 0..1_000 {
+        let path = if i % 2 == 0 {
+            format!("/badge/blog.svg?page=/b{i}")
+        } else {
+            format!("/api/v1/pixel.gif?site=blog&page=/p{i}")
+        };
+        let r = app
+            .client
+            .get(app.url(&path))
+            .header("user-agent", format!("Mozilla/5.0 Chrome/{i}"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 200, "images never break");
+        let status = r.headers()["x-tally-status"]
+            .to_str()
+            .expect("ascii")
+            .to_owned();
+        match status.as_str() {
+            "accepted" => counted += 1,
+            "rate_limited" => {}
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(counted, 120, "the (address, site) allowance");
+    // Pixels for the ten created sites: their own per-site buckets have room, but the address
+    // allowance across all sites (600) is spent after 600 - 10 - 120 = 470 more.
+    let mut counted = 0;
+    for i in 0..1_000 {
+        let r = app
+            .client
+            .get(app.url(&format!("/api/v1/pixel.gif?site=rnd{}&page=/q{i}", i % 10)))
+            .header("user-agent", format!("Mozilla/5.0 Firefox/{i}"))
+            .send()
+            .await
+            .expect("request");
+        if r.headers()["x-tally-status"] == "accepted" {
+            counted += 1;
+        }
+    }
+    assert_eq!(counted, 470, "the address allowance across sites");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn reads_head_and_display_only_badges_never_create_sites() {
+    let mut app = spawn_app_with(Options {
+        configure: |c| c.auto_sites = true,
+        ..Options::default()
+    })
+    .await;
+    for path in [
+        "/api/v1/counts?site=ghost1&page=/",
+        "/dashboard/ghost2",
+        "/api/v1/sites/ghost3/series",
+        "/api/v1/sites/ghost4/top",
+        "/badge/ghost5.svg?count=0",
+    ] {
+        let r = app.get(path).await;
+        assert!(r.status().is_client_error(), "{path}: {}", r.status());
+    }
+    for path in ["/badge/ghost6.svg", "/api/v1/pixel.gif?site=ghost7&page=/"] {
+        let r = app
+            .client
+            .head(app.url(path))
+            .send()
+            .await
+            .expect("request");
+        assert!(r.status().is_client_error(), "HEAD {path}: {}", r.status());
+    }
+    let sites: Vec<String> = app
+        .store
+        .list_sites()
+        .await
+        .expect("sites")
+        .into_iter()
+        .map(|s| s.id.to_string())
+        .collect();
+    assert_eq!(sites, ["blog"], "reads created nothing");
+    // HEAD never counts on an existing site either.
+    for path in [
+        "/badge/blog.svg?page=/h",
+        "/api/v1/pixel.gif?site=blog&page=/h",
+    ] {
+        let r = app
+            .client
+            .head(app.url(path))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 200, "HEAD {path}");
+    }
+    assert_eq!(app.counts("/h").await.page.views, 0);
+    // A counting fetch creates the site (and counts).
+    let r = app.get("/badge/fresh.svg").await;
+    assert_eq!(r.headers()["x-tally-status"], "accepted");
+    assert!(
+        app.store
+            .list_sites()
+            .await
+            .expect("sites")
+            .iter()
+            .any(|s| s.id.as_str() == "fresh")
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn max_sites_refuses_with_a_clear_4xx() {
+    let mut app = spawn_app_with(Options {
+        configure: |c| {
+            c.auto_sites = true;
+            c.max_sites = 2;
+        },
+        ..Options::default()
+    })
+    .await;
+    let now = app.now();
+    let hit = |site: &str| {
+        json!({"site": site, "type": "pageview", "event_id": event_id_at(now),
+               "visitor_id": null, "url": "https://x.example/", "referrer": null})
+    };
+    assert_eq!(app.post_hit(&hit("second")).await.status(), 200);
+    let r = app.post_hit(&hit("third")).await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(
+        r.json::<Value>().await.expect("json")["error"],
+        "site_limit_reached"
+    );
+    app.stop().await;
+}
+
+fn batch(n: usize, now: jiff::Timestamp) -> Value {
+    json!({"events": (0..n)
+        .map(|i| pageview(&event_id_at(now), Some("0b6f5f8e-7d0e-4a55-9d5e-6c1b8f0a1e01"), &format!("/b{i}")))
+        .collect::<Vec<_>>()})
+}
+
+async fn post_batch(app: &crate::support::TestApp, body: &Value) -> reqwest::Response {
+    app.client
+        .post(app.url("/api/v1/events"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request")
+}
+
+#[tokio::test]
+async fn an_anonymous_batch_over_its_allowance_gets_a_4xx_never_an_endless_429() {
+    let mut app = spawn_app_with(Options::default()).await;
+    let now = app.now();
+    let big = batch(121, now);
+    for _ in 0..3 {
+        let r = post_batch(&app, &big).await;
+        assert_eq!(r.status(), 400, "the same answer on every retry");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"], "batch_over_allowance", "{v}");
+        assert!(
+            v["message"]
+                .as_str()
+                .expect("message")
+                .contains("ingest key"),
+            "{v}"
+        );
+    }
+    assert_eq!(app.counts("/").await.site.views, 0, "nothing of it counted");
+    let r = post_batch(&app, &batch(120, now)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.counts("/").await.site.views, 120);
+    app.stop().await;
+}
+
+/// `{"events":[{"a":[]},{"a":[]},…]}` filling a whole 4 MiB batch body.
+fn hostile_batch() -> String {
+    let mut body = String::from("{\"events\":[");
+    while body.len() < tally_wire::MAX_BATCH_BYTES - 32 {
+        body.push_str("{\"a\":[]},");
+    }
+    body.push_str("{\"a\":[]}]}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_4_mib_batch_is_refused_before_it_is_built() {
+    let server = Binary::start(&["--auto-sites"]).await;
+    let body = hostile_batch();
+    let http = client();
+    // Warm up, then measure the peak while 16 hostile batches arrive at once.
+    let r = http
+        .post(server.url("/api/v1/events"))
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.expect("json")["error"],
+        "batch_too_large"
+    );
+    let before = server.proc_kib("VmRSS");
+    let answers: Vec<u16> = futures_util::future::join_all((0..16).map(|_| {
+        let (http, url, body) = (http.clone(), server.url("/api/v1/events"), body.clone());
+        async move {
+            http.post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .expect("request")
+                .status()
+                .as_u16()
+        }
+    }))
+    .await;
+    let peak = server.proc_kib("VmHWM");
+    assert!(
+        answers.iter().all(|s| matches!(s, 400 | 503)),
+        "{answers:?}"
+    );
+    // Before the fix one such batch took 300 MB. Now: at most `--batch-concurrency` (8) bodies
+    // of 4 MiB are held at once, and no record is built.
+    let grown_mib = peak.saturating_sub(before) / 1024;
+    assert!(grown_mib <= 64, "RSS grew by {grown_mib} MiB");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn image_proxies_count_each_fetch_within_their_own_bounded_allowance() {
+    let mut app = spawn_app_with(Options::default()).await;
+    let camo = "github-camo (876de43e)";
+    let fetch = |page: &'static str| {
+        let req = app
+            .client
+            .get(app.url(&format!("/badge/blog.svg?page={page}")))
+            .header("user-agent", camo);
+        async move {
+            let r = req.send().await.expect("request");
+            assert_eq!(r.status(), 200);
+            r.headers()["x-tally-status"]
+                .to_str()
+                .expect("ascii")
+                .to_owned()
+        }
+    };
+    // Readers behind the proxy: the proxy is not filtered as a bot; within one second one
+    // fetch of a page counts, the next second it counts again.
+    assert_eq!(fetch("/readme").await, "accepted");
+    assert_eq!(fetch("/readme").await, "suppressed");
+    assert_eq!(fetch("/other").await, "accepted");
+    app.clock.advance_millis(1000);
+    assert_eq!(fetch("/readme").await, "accepted");
+    // A direct client with the same pattern is gated for the repeat interval (10 s).
+    let direct = |page: &'static str| {
+        let req = client_from("127.0.0.3").get(app.url(&format!("/badge/blog.svg?page={page}")));
+        async move {
+            req.send().await.expect("request").headers()["x-tally-status"]
+                .to_str()
+                .expect("ascii")
+                .to_owned()
+        }
+    };
+    assert_eq!(direct("/readme").await, "accepted");
+    app.clock.advance_millis(1000);
+    assert_eq!(direct("/readme").await, "suppressed");
+    app.stop().await;
+}
