@@ -378,3 +378,115 @@ async fn image_proxies_count_each_fetch_within_their_own_bounded_allowance() {
     assert_eq!(direct("/readme").await, "suppressed");
     app.stop().await;
 }
+
+fn hit_for(site: &str, now: jiff::Timestamp) -> Value {
+    json!({"site": site, "type": "pageview", "event_id": event_id_at(now),
+           "visitor_id": "0b6f5f8e-7d0e-4a55-9d5e-6c1b8f0a1e01",
+           "url": "https://lost.example/a", "referrer": null})
+}
+
+async fn post(http: &reqwest::Client, server: &Binary, body: &Value) -> reqwest::Response {
+    http.post(server.url("/api/v1/hit"))
+        .header("content-type", "text/plain")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_file_moved_away_while_serving_acknowledges_nothing_more() {
+    let server = Binary::start(&["--auto-sites"]).await;
+    let http = client();
+    let now = jiff::Timestamp::now();
+    let before: Vec<Value> = (0..10).map(|_| hit_for("lost", now)).collect();
+    for h in &before {
+        assert_eq!(post(&http, &server, h).await.status(), 200);
+    }
+    // The operator (or a cleanup job) moves the database away under the running server.
+    let moved = server.db.with_extension("moved");
+    let files = |base: &std::path::Path| -> Vec<std::path::PathBuf> {
+        ["", "-wal", "-shm"]
+            .iter()
+            .map(|s| std::path::PathBuf::from(format!("{}{s}", base.display())))
+            .collect()
+    };
+    for (from, to) in files(&server.db).iter().zip(files(&moved)) {
+        if from.exists() {
+            std::fs::rename(from, to).expect("move");
+        }
+    }
+    let after: Vec<Value> = (0..10).map(|_| hit_for("lost", now)).collect();
+    for h in &after {
+        let r = post(&http, &server, h).await;
+        assert_eq!(r.status(), 503, "nothing is acknowledged into a lost file");
+        assert!(r.headers().contains_key("retry-after"));
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"], "storage_unavailable", "{v}");
+    }
+    let ready = http
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 503, "not ready while the file is gone");
+    let db = server.db.clone();
+    // Keeps the database directory until the end of the test.
+    let _dir = server.stop().await;
+    // Put it back and restart: every acknowledged hit is there; the refused ones count once
+    // when the client retries them.
+    for (from, to) in files(&moved).iter().zip(files(&db)) {
+        if from.exists() {
+            std::fs::rename(from, to).expect("move back");
+        }
+    }
+    let dir = db.parent().expect("dir").to_owned();
+    let server = Binary::start_in(&dir, &["--auto-sites"]).await;
+    for h in &before {
+        let r: Value = post(&http, &server, h).await.json().await.expect("json");
+        assert_eq!(r["status"], "duplicate", "acknowledged before the move");
+    }
+    for h in &after {
+        let r: Value = post(&http, &server, h).await.json().await.expect("json");
+        assert_eq!(r["status"], "accepted", "refused, so not counted before");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_free_disk_floor_writes_are_refused_and_reads_keep_working() {
+    // A floor of 1 EiB: this disk is always below it.
+    let server = Binary::start(&["--auto-sites", "--min-free-mb", "1099511627776"]).await;
+    let http = client();
+    let r = post(&http, &server, &hit_for("full", jiff::Timestamp::now())).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "60");
+    assert_eq!(r.json::<Value>().await.expect("json")["error"], "disk_full");
+    let ready = http
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 503);
+    assert!(ready.text().await.expect("text").contains("disk"));
+    let metrics = http
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains(r#"tally_refused_total{reason="disk_full"} 1"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tally_disk_free_bytes "), "{metrics}");
+    let dash = http
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(dash.status(), 200, "reads keep working");
+    server.stop().await;
+}

@@ -251,7 +251,13 @@ impl Binary {
         Self::start_on(dir, db, args).await
     }
 
-    /// Start on an existing database directory.
+    /// Start on the database `tally.sqlite` in an existing directory (kept after the test).
+    pub async fn start_in(dir: &std::path::Path, args: &[&str]) -> Self {
+        let keep = tempfile::tempdir().expect("tempdir");
+        Self::start_on(keep, dir.join("tally.sqlite"), args).await
+    }
+
+    /// Start on `db`, keeping `dir` alive as long as the process.
     pub async fn start_on(dir: tempfile::TempDir, db: PathBuf, args: &[&str]) -> Self {
         use tokio::io::AsyncBufReadExt;
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tally"))
@@ -295,12 +301,14 @@ impl Binary {
             .expect("field")
     }
 
-    /// SIGTERM, and wait for the process to finish.
-    pub async fn stop(mut self) -> std::process::ExitStatus {
+    /// SIGTERM, and wait for the process to finish; returns the database directory, kept.
+    pub async fn stop(mut self) -> tempfile::TempDir {
         let pid = self.child.id().expect("running");
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status();
-        self.child.wait().await.expect("wait")
+        let status = self.child.wait().await.expect("wait");
+        assert!(status.success(), "tally exited with {status}");
+        self._dir
     }
 }
