@@ -11,3 +11,4 @@ mod hits;
 mod overload;
 mod store_conformance;
 mod support;
+mod store_size;
