@@ -146,6 +146,7 @@ async fn site(cmd: SiteCommand, store: &dyn tally::store::Store) -> anyhow::Resu
                     .collect::<anyhow::Result<_>>()?,
                 zone: SiteZone::parse(&timezone)?,
                 public,
+                ingest_key: None,
             };
             store.put_site(&site).await?;
             println!("site {} saved", site.id);

@@ -78,8 +78,9 @@ impl SiteRegistry {
                         origins: vec!["*".into()],
                         zone: SiteZone::utc(),
                         public: true,
+                        ingest_key: None,
                     };
-                    site = Some(Arc::new(self.store.ensure_site(&fresh).await?));
+                    site = self.store.ensure_site(&fresh, 0).await?.map(Arc::new);
                 }
                 self.remember(id, site.clone());
                 site

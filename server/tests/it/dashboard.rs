@@ -182,6 +182,7 @@ async fn private_sites_need_the_token_or_the_login_cookie() {
             origins: vec!["*".into()],
             zone: SiteZone::utc(),
             public: false,
+            ingest_key: None,
         })
         .await
         .expect("site");

@@ -10,5 +10,6 @@ mod days;
 mod hits;
 mod overload;
 mod store_conformance;
-mod support;
+mod store_migration;
 mod store_size;
+mod support;

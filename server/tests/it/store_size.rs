@@ -21,7 +21,7 @@ use tally::core::hit::HitKind;
 use tally::core::ids::{EventId, PagePath, SiteId, VisitorKey};
 use tally::core::record::{Record, Source};
 use tally::store::Store;
-use tally::store::sqlite::{SqliteStore, SyncMode};
+use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
 
 /// A small deterministic generator (splitmix64), so every run stores the same hits.
 struct Rng(u64);
@@ -50,7 +50,12 @@ impl Rng {
 }
 
 fn open(path: &Path) -> Arc<dyn Store> {
-    Arc::new(SqliteStore::open(path, SyncMode::Normal).expect("open"))
+    let options = StoreOptions {
+        sync: SyncMode::Normal,
+        min_free_bytes: 0,
+        max_new_pages_per_day: 1000,
+    };
+    Arc::new(SqliteStore::open(path, options).expect("open"))
 }
 
 async fn commit_all(store: &Arc<dyn Store>, records: Vec<Record>) -> f64 {
@@ -71,9 +76,9 @@ fn report(label: &str, path: &Path, hits: usize, secs: f64) -> f64 {
         "{label}: {hits} hits, file {size} B, {per_hit:.1} B/hit, commit {:.0} hits/s (this build)",
         hits as f64 / secs
     );
-    if let Ok(mut stmt) = conn.prepare(
-        "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY SUM(pgsize) DESC",
-    ) {
+    if let Ok(mut stmt) =
+        conn.prepare("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY SUM(pgsize) DESC")
+    {
         let rows = stmt
             .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
             .expect("dbstat");

@@ -73,6 +73,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
             origins: vec![ORIGIN.into()],
             zone: SiteZone::parse(options.zone).expect("zone"),
             public: true,
+            ingest_key: None,
         })
         .await
         .expect("site");
