@@ -28,7 +28,8 @@ pub(super) fn read_counts(
     let mut stmt = conn.prepare_cached(
         "SELECT p.path, c.source, c.day, c.views, c.visitors \
          FROM site_keys k JOIN pages p ON p.site = k.id AND p.path IN ('', ?2) \
-         JOIN counters c ON c.scope = p.id AND c.day IN (-1, ?3) WHERE k.name = ?1",
+         JOIN counters c ON c.scope = p.id AND c.source IN (0, 1) AND c.day IN (-1, ?3) \
+         WHERE k.name = ?1",
     )?;
     let mut rows = stmt.query(params![site, page, today])?;
     while let Some(row) = rows.next()? {
