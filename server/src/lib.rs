@@ -27,12 +27,16 @@ use crate::core::clock::Clock;
 use crate::http::AppState;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
-use crate::store::Store;
-use crate::store::sqlite::SqliteStore;
+use crate::store::sqlite::{SqliteStore, StoreOptions};
+use crate::store::{Retention, Store};
 
 /// Open the configured SQLite store.
 pub fn open_store(config: &ServeConfig) -> anyhow::Result<Arc<dyn Store>> {
-    let store = SqliteStore::open(&config.db, config.sync)
+    let options = StoreOptions {
+        sync: config.sync,
+        ..Default::default()
+    };
+    let store = SqliteStore::open(&config.db, options)
         .map_err(|e| anyhow::anyhow!("cannot open database {}: {e}", config.db.display()))?;
     Ok(Arc::new(store))
 }
@@ -79,10 +83,14 @@ async fn prune_loop(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
-        let cutoff = clock.now().as_millisecond() - i64::from(retention_days) * 86_400_000;
-        match store.prune(cutoff).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(deleted = n, "pruned raw events past retention"),
+        let policy = Retention {
+            raw_days: retention_days,
+            visitor_days: 0,
+            page_days: 0,
+        };
+        match store.prune(policy, clock.now()).await {
+            Ok(r) if r.events == 0 => {}
+            Ok(r) => tracing::info!(deleted = r.events, "pruned raw events past retention"),
             Err(e) => tracing::warn!(error = %e, "pruning failed; will retry"),
         }
         tokio::select! {

@@ -5,11 +5,19 @@
 //!   and returns one [`Outcome`] per record, in order. Dedupe is atomic inside the store (a
 //!   unique key on the event id, and on (site, name, dedupe) for keyed custom events), never a
 //!   read-then-write. When `commit` returns `Ok`, the batch is durable; when it returns `Err`,
-//!   nothing of the batch is counted.
+//!   nothing of the batch is counted: not when the disk is below its floor
+//!   ([`StoreError::DiskFull`]), not when the database file was deleted or replaced under the
+//!   running store ([`StoreError::FileLost`]).
 //! - Counters are derived data: [`Store::verify`] recounts them from the raw events and reports
-//!   (and with `repair`, fixes) every difference.
+//!   (and with `repair`, fixes) every difference, over what can still be recounted: rows whose
+//!   raw events or per-day rows were pruned by [`Store::prune`] are neither compared nor
+//!   rewritten, so a repair never brings pruned rows back.
+//! - Everything that grows with traffic can be pruned ([`Retention`]): raw events, per-day
+//!   visitor sets, per-page per-day counters, old salts. Whole-site daily numbers and all-time
+//!   numbers are kept.
+//! - New distinct pages per site and local day are bounded by the backend's page cap; pages
+//!   beyond it are counted under the site's one page [`OTHER_PAGE`].
 //! - A backend's errors become [`StoreError`]; its text is logged, never sent to clients.
-
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -20,6 +28,10 @@ use crate::core::day::SiteZone;
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::record::{Outcome, Record};
 
+/// The stored path of the one page per site that counts views of pages beyond the page cap.
+/// It cannot collide with a real page: page keys start with `/`.
+pub const OTHER_PAGE: &str = "(other)";
+
 /// A store failure. Clients see 503 `storage_unavailable`; the detail goes to the log.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -29,10 +41,41 @@ pub enum StoreError {
     /// Stored data could not be read back (e.g. an unknown time zone name).
     #[error("stored data is invalid: {0}")]
     Invalid(String),
+    /// Free space on the database's filesystem is below the configured floor: nothing written.
+    #[error("free disk space {free} B is below the floor of {floor} B")]
+    DiskFull { free: u64, floor: u64 },
+    /// The database file was deleted, moved or replaced while the store had it open: writes
+    /// would go to a file nobody will open again, so nothing is acknowledged.
+    #[error("database file lost: {0}")]
+    FileLost(String),
+}
+
+/// How long what grows with traffic is kept, in days; 0 keeps it forever. Each non-zero value
+/// must exceed the accepted event window (the configuration checks it): a day that can still
+/// receive hits must keep its rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Raw events (custom events with a dedupe key are kept: they are the dedupe).
+    pub raw_days: u32,
+    /// Per-day visitor sets (exact distinct visitors over ranges need them; daily and
+    /// all-time visitor numbers do not).
+    pub visitor_days: u32,
+    /// Per-page per-day counters (the top pages of old ranges need them; whole-site daily
+    /// rows and all-time rows are always kept).
+    pub page_days: u32,
+}
+
+/// Rows removed by one [`Store::prune`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub events: u64,
+    pub visitor_rows: u64,
+    pub counter_rows: u64,
+    pub salts: u64,
 }
 
 /// A configured site.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Site {
     pub id: SiteId,
     /// Origins allowed to send hits (`https://blog.example.com`), or `*` for any.
@@ -40,8 +83,24 @@ pub struct Site {
     pub zone: SiteZone,
     /// Whether the stats (dashboard, series, top) are open without the admin token.
     pub public: bool,
-    /// The site's ingest key for server-side senders (`Authorization: Bearer …`), if set.
+    /// The per-site secret of server-side senders (`Authorization: Bearer …`), if one is set.
     pub ingest_key: Option<String>,
+}
+
+/// Like the derived one, but the ingest key is never printed.
+impl std::fmt::Debug for Site {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Site")
+            .field("id", &self.id)
+            .field("origins", &self.origins)
+            .field("zone", &self.zone)
+            .field("public", &self.public)
+            .field(
+                "ingest_key",
+                &self.ingest_key.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 impl Site {
@@ -132,11 +191,17 @@ pub trait Store: Send + Sync + 'static {
     async fn list_sites(&self) -> Result<Vec<Site>, StoreError>;
     /// One site.
     async fn get_site(&self, id: &SiteId) -> Result<Option<Site>, StoreError>;
-    /// Create or replace a site.
+    /// Create or replace a site. An existing ingest key is kept when `site.ingest_key` is
+    /// `None` (so `tally site add` never drops it); `Some` sets it.
     async fn put_site(&self, site: &Site) -> Result<(), StoreError>;
-    /// Create a site unless it exists (auto-sites); returns the stored one, or `None` when
-    /// `max_sites > 0` sites exist already.
+    /// Create a site unless it exists (auto-sites); returns the stored one, or `None` when it
+    /// did not exist and `max_sites > 0` sites exist already (decided atomically, in one
+    /// statement).
     async fn ensure_site(&self, site: &Site, max_sites: u64) -> Result<Option<Site>, StoreError>;
+    /// Set (`Some`) or clear (`None`) a site's ingest key; `false` when there is no such site.
+    async fn set_ingest_key(&self, id: &SiteId, key: Option<&str>) -> Result<bool, StoreError>;
+    /// How many sites are configured.
+    async fn site_count(&self) -> Result<u64, StoreError>;
     /// Remove a site's configuration (its counted data stays). Returns whether it existed.
     async fn remove_site(&self, id: &SiteId) -> Result<bool, StoreError>;
 
@@ -159,7 +224,9 @@ pub trait Store: Send + Sync + 'static {
         to: Date,
     ) -> Result<BySource, StoreError>;
 
-    /// The `limit` most viewed pages over `from..=to` (views summed, visitors distinct).
+    /// The `limit` most viewed pages over `from..=to` (views summed, visitors distinct),
+    /// ranked by the larger of web and badge views, ties by path; ranked and limited inside
+    /// the database. Pages beyond the page cap appear as one row, [`OTHER_PAGE`].
     async fn top_pages(
         &self,
         site: &SiteId,
@@ -188,6 +255,18 @@ pub trait Store: Send + Sync + 'static {
         base: Numbers,
     ) -> Result<(), StoreError>;
 
-    /// Delete raw events older than `before_ms` (their counters stay). Returns rows deleted.
-    async fn prune(&self, before_ms: i64) -> Result<u64, StoreError>;
+    /// Delete what `policy` no longer keeps, as of `now`, in small chunks (live traffic keeps
+    /// flowing), and salts older than two days.
+    async fn prune(
+        &self,
+        policy: Retention,
+        now: jiff::Timestamp,
+    ) -> Result<PruneReport, StoreError>;
+
+    /// Whether the store can take writes now: the database file is still the one opened, the
+    /// disk is above its floor, and a trivial read answers. For readiness checks.
+    async fn probe(&self) -> Result<(), StoreError>;
+
+    /// Free bytes on the database's filesystem, if the backend has one (cheap; for metrics).
+    fn free_bytes(&self) -> Option<u64>;
 }

@@ -168,9 +168,10 @@ async fn site_commands_and_verify_exit_codes() {
     // Tamper with a counter: verify fails (exit 1), --repair fixes it.
     {
         let conn = rusqlite::Connection::open(&db).expect("open");
-        conn.execute(
-            "INSERT INTO counters VALUES ('blog', 0, '/x', '2026-01-01', 7, 7)",
-            [],
+        // A page counter of 2026-01-01 (day 20454) that no raw event backs.
+        conn.execute_batch(
+            "INSERT INTO pages (site, path) SELECT id, '/x' FROM site_keys WHERE name = 'blog';
+             INSERT INTO counters SELECT id, 0, 20454, 7, 7 FROM pages WHERE path = '/x';",
         )
         .expect("tamper");
     }

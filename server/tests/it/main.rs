@@ -11,4 +11,6 @@ mod days;
 mod hits;
 mod overload;
 mod store_conformance;
+mod store_migration;
+mod store_size;
 mod support;

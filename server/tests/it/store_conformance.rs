@@ -8,7 +8,7 @@ use tally::core::day::SiteZone;
 use tally::core::hit::HitKind;
 use tally::core::ids::{DedupeKey, EventId, EventName, PagePath, SiteId, VisitorKey};
 use tally::core::record::{Outcome, Record, Source};
-use tally::store::{Site, Store};
+use tally::store::{OTHER_PAGE, Retention, Site, Store, StoreError};
 
 fn record(n: u8, visitor: u8, page: &str, day: jiff::civil::Date) -> Record {
     let at: jiff::Timestamp = "2026-04-01T12:00:00Z".parse().expect("ts");
@@ -177,21 +177,14 @@ async fn prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify(store: Arc<dyn 
     store.commit(batch).await.expect("commit");
     let site = SiteId::parse("s").expect("s");
     let before = store.range_totals(&site, d, d).await.expect("totals");
-    let pruned_at: jiff::Timestamp = "2026-04-03T00:00:00Z".parse().expect("ts");
-    assert_eq!(
-        store
-            .prune(pruned_at.as_millisecond())
-            .await
-            .expect("prune"),
-        30
-    );
-    assert_eq!(
-        store
-            .prune(pruned_at.as_millisecond())
-            .await
-            .expect("again"),
-        0
-    );
+    // Raw events older than one day as of 04-04 00:00: everything before 04-03 00:00.
+    let now: jiff::Timestamp = "2026-04-04T00:00:00Z".parse().expect("ts");
+    let raw = Retention {
+        raw_days: 1,
+        ..Retention::default()
+    };
+    assert_eq!(store.prune(raw, now).await.expect("prune").events, 30);
+    assert_eq!(store.prune(raw, now).await.expect("again").events, 0);
     // The dedupe key outlives the raw page views: the purchase still counts once.
     assert_eq!(
         store.commit(vec![keyed(201)]).await.expect("commit"),
@@ -222,12 +215,16 @@ async fn prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify(store: Arc<dyn 
 
 mod sqlite {
     use super::*;
-    use tally::store::sqlite::{SqliteStore, SyncMode};
+    use tally::store::sqlite::{SqliteStore, StoreOptions};
 
     fn open() -> (tempfile::TempDir, std::path::PathBuf, Arc<dyn Store>) {
+        open_with(StoreOptions::default())
+    }
+
+    fn open_with(options: StoreOptions) -> (tempfile::TempDir, std::path::PathBuf, Arc<dyn Store>) {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("t.sqlite");
-        let store = SqliteStore::open(&path, SyncMode::Full).expect("open");
+        let store = SqliteStore::open(&path, options).expect("open");
         (dir, path, Arc::new(store))
     }
 
@@ -247,12 +244,17 @@ mod sqlite {
         super::verify_finds_and_repairs_drift(store, || {
             let conn = rusqlite::Connection::open(&path).expect("open");
             conn.execute(
-                "UPDATE counters SET views = views + 5 WHERE page = '/a' AND day = '*'",
+                "UPDATE counters SET views = views + 5 WHERE day = -1 \
+                 AND scope = (SELECT id FROM pages WHERE path = '/a')",
                 [],
             )
             .expect("tamper");
-            conn.execute("DELETE FROM counters WHERE page = '' AND day != '*'", [])
-                .expect("tamper");
+            conn.execute(
+                "DELETE FROM counters WHERE day != -1 \
+                 AND scope = (SELECT id FROM pages WHERE path = '')",
+                [],
+            )
+            .expect("tamper");
         })
         .await;
     }
@@ -327,13 +329,581 @@ async fn range_visitors_are_exact_at_100k(store: Arc<dyn Store>) {
 
 mod sqlite_ranges {
     use super::*;
-    use tally::store::sqlite::{SqliteStore, SyncMode};
+    use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
 
     #[tokio::test]
     async fn range_visitors_are_exact_at_100k() {
         let dir = tempfile::tempdir().expect("dir");
-        let store =
-            SqliteStore::open(&dir.path().join("r.sqlite"), SyncMode::Normal).expect("open");
+        let options = StoreOptions {
+            sync: SyncMode::Normal,
+            ..StoreOptions::default()
+        };
+        let store = SqliteStore::open(&dir.path().join("r.sqlite"), options).expect("open");
         super::range_visitors_are_exact_at_100k(Arc::new(store)).await;
+    }
+}
+
+/// A page view number `i` (any u32) of `visitor` on `page`, at noon UTC of `day`.
+fn view(i: u32, visitor: u32, page: &str, day: jiff::civil::Date) -> Record {
+    let at = day
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .expect("zoned")
+        .timestamp()
+        + jiff::SignedDuration::from_hours(12);
+    // Bytes 4..8 of the random part: the first bytes lose bits to the UUID version and variant.
+    let mut id = [0u8; 10];
+    id[4..8].copy_from_slice(&i.to_be_bytes());
+    let mut key = [0u8; 16];
+    key[..4].copy_from_slice(&visitor.to_le_bytes());
+    Record {
+        event_id: EventId::new_at(at, id),
+        page: PagePath::parse(page).expect("page"),
+        visitor: VisitorKey(key),
+        at_ms: at.as_millisecond(),
+        ..record(0, 0, "/", day)
+    }
+}
+
+fn site_s() -> SiteId {
+    SiteId::parse("s").expect("s")
+}
+
+fn top_views(rows: &[tally::store::PageRow]) -> Vec<(String, u64, u64)> {
+    rows.iter()
+        .map(|r| (r.page.clone(), r.numbers.web.views, r.numbers.web.visitors))
+        .collect()
+}
+
+/// With a cap of 3 new pages per site and day: the 4th and later new pages of the day count
+/// under `(other)`, known pages keep counting, the next day has a fresh allowance.
+async fn page_cap_counts_new_pages_beyond_it_under_other(store: Arc<dyn Store>) {
+    let (d1, d2) = (date(2026, 4, 1), date(2026, 4, 2));
+    let batch = vec![
+        view(1, 1, "/a", d1),
+        view(2, 1, "/b", d1),
+        view(3, 2, "/c", d1),
+        view(4, 1, "/d", d1),
+        view(5, 3, "/e", d1),
+        view(6, 2, "/a", d1),
+        view(7, 2, "/d", d1),
+    ];
+    store.commit(batch).await.expect("commit");
+    let page = |p: &str| PagePath::parse(p).expect("p");
+    let a = store.counts(&site_s(), &page("/a"), d1).await.expect("c");
+    assert_eq!((a.page_all.web.views, a.page_all.web.visitors), (2, 2));
+    assert_eq!((a.site_all.web.views, a.site_all.web.visitors), (7, 3));
+    let d = store.counts(&site_s(), &page("/d"), d1).await.expect("c");
+    assert_eq!(d.page_all.web.views, 0, "a page beyond the cap has no row");
+    let top = store.top_pages(&site_s(), d1, d1, 10).await.expect("top");
+    assert_eq!(
+        top_views(&top),
+        [
+            (OTHER_PAGE.to_owned(), 3, 3),
+            ("/a".to_owned(), 2, 2),
+            ("/b".to_owned(), 1, 1),
+            ("/c".to_owned(), 1, 1),
+        ]
+    );
+    // A new day: /d is a new page within the allowance.
+    store
+        .commit(vec![view(8, 1, "/d", d2), view(9, 1, "/a", d2)])
+        .await
+        .expect("commit");
+    let top = store.top_pages(&site_s(), d2, d2, 10).await.expect("top");
+    assert_eq!(
+        top_views(&top),
+        [("/a".to_owned(), 1, 1), ("/d".to_owned(), 1, 1)]
+    );
+    let report = store.verify(false).await.expect("verify");
+    assert!(report.drift.is_empty() && report.checked > 0, "{report:?}");
+}
+
+/// Each kind of retention removes its rows, keeps the rest exact, and a repair afterwards
+/// (forced by `tamper`, which bumps a whole-site counter of 04-02) brings nothing back.
+async fn prune_each_kind_keeps_verify_clean(store: Arc<dyn Store>, tamper: impl FnOnce()) {
+    let (d1, d2) = (date(2026, 4, 1), date(2026, 4, 2));
+    let mut batch = Vec::new();
+    for i in 0..40u32 {
+        let day = if i < 20 { d1 } else { d2 };
+        batch.push(view(i, i % 7, if i % 2 == 0 { "/a" } else { "/b" }, day));
+    }
+    store.commit(batch).await.expect("commit");
+    let old_salt = store.salt_for(d1, [1; 32]).await.expect("salt");
+    assert_eq!(old_salt, [1; 32]);
+    let series = store.series(&site_s(), d1, d2).await.expect("series");
+    let totals_d2 = store.range_totals(&site_s(), d2, d2).await.expect("t");
+    let top_d2 = store.top_pages(&site_s(), d2, d2, 10).await.expect("top");
+    let a = PagePath::parse("/a").expect("p");
+    let counts = store.counts(&site_s(), &a, d2).await.expect("c");
+    assert!(
+        store
+            .range_totals(&site_s(), d1, d1)
+            .await
+            .expect("t")
+            .web
+            .visitors
+            > 0
+    );
+
+    // On 04-05, keeping 3 days: rows of days before 04-02 go.
+    let now: jiff::Timestamp = "2026-04-05T12:00:00Z".parse().expect("ts");
+    let policy = Retention {
+        raw_days: 0,
+        visitor_days: 3,
+        page_days: 3,
+    };
+    let report = store.prune(policy, now).await.expect("prune");
+    // 04-01: 7 visitors on the site, and the same 7 on each of /a and /b.
+    assert_eq!(report.events, 0);
+    assert_eq!(report.visitor_rows, 7 + 7 + 7, "{report:?}");
+    assert_eq!(report.counter_rows, 2, "{report:?}");
+    assert!(report.salts >= 1, "{report:?}");
+    assert_eq!(
+        store.prune(policy, now).await.expect("again"),
+        tally::store::PruneReport::default()
+    );
+
+    assert_eq!(
+        store.series(&site_s(), d1, d2).await.expect("s"),
+        series,
+        "whole-site days stay"
+    );
+    assert_eq!(
+        store.range_totals(&site_s(), d2, d2).await.expect("t"),
+        totals_d2
+    );
+    assert_eq!(
+        store.top_pages(&site_s(), d2, d2, 10).await.expect("t"),
+        top_d2
+    );
+    assert!(
+        store
+            .top_pages(&site_s(), d1, d1, 10)
+            .await
+            .expect("t")
+            .is_empty()
+    );
+    assert_eq!(store.counts(&site_s(), &a, d2).await.expect("c"), counts);
+    let report = store.verify(false).await.expect("verify");
+    assert!(report.drift.is_empty() && report.checked > 0, "{report:?}");
+
+    tamper();
+    let report = store.verify(true).await.expect("repair");
+    assert!(report.repaired && report.drift.len() == 1, "{report:?}");
+    assert!(store.verify(false).await.expect("verify").drift.is_empty());
+    assert!(
+        store
+            .top_pages(&site_s(), d1, d1, 10)
+            .await
+            .expect("t")
+            .is_empty(),
+        "repair brings back no pruned page row"
+    );
+    assert_eq!(
+        store
+            .range_totals(&site_s(), d1, d1)
+            .await
+            .expect("t")
+            .web
+            .visitors,
+        0,
+        "repair brings back no pruned visitor set"
+    );
+    assert_eq!(store.series(&site_s(), d1, d2).await.expect("s"), series);
+    // The salt of 04-01 is gone: asking again stores the new candidate.
+    assert_eq!(store.salt_for(d1, [2; 32]).await.expect("salt"), [2; 32]);
+}
+
+/// `full` and `roomy` are two stores on one database; `full` has a floor no disk reaches.
+async fn disk_floor_refuses_and_stores_nothing(full: Arc<dyn Store>, roomy: Arc<dyn Store>) {
+    let d = date(2026, 4, 1);
+    let batch = vec![view(1, 1, "/a", d), view(2, 2, "/b", d)];
+    match full.commit(batch.clone()).await {
+        Err(StoreError::DiskFull { free, floor }) => {
+            assert_eq!(floor, u64::MAX);
+            assert!(free > 0 && Some(free) <= full.free_bytes().map(|f| f + (64 << 20)));
+        }
+        other => panic!("expected DiskFull, got {other:?}"),
+    }
+    assert!(matches!(
+        full.probe().await,
+        Err(StoreError::DiskFull { .. })
+    ));
+    roomy.probe().await.expect("probe");
+    assert_eq!(
+        roomy.commit(batch).await.expect("commit"),
+        [Outcome::Accepted, Outcome::Accepted],
+        "nothing of the refused batch was stored"
+    );
+}
+
+async fn ensure_site_respects_max_sites(store: Arc<dyn Store>) {
+    let site = |id: &str| Site {
+        id: SiteId::parse(id).expect("id"),
+        origins: vec!["*".into()],
+        zone: SiteZone::utc(),
+        public: true,
+        ingest_key: None,
+    };
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            let site = site(&format!("auto{i}"));
+            tokio::spawn(async move { store.ensure_site(&site, 5).await.expect("ensure") })
+        })
+        .collect();
+    let mut created = 0;
+    for task in tasks {
+        created += usize::from(task.await.expect("join").is_some());
+    }
+    assert_eq!(
+        created, 5,
+        "exactly max_sites sites, even when asked at once"
+    );
+    assert_eq!(store.site_count().await.expect("count"), 5);
+    let existing = store.list_sites().await.expect("list")[0].clone();
+    assert!(
+        store.ensure_site(&existing, 5).await.expect("e").is_some(),
+        "an existing site is returned at the limit"
+    );
+    assert!(
+        store
+            .ensure_site(&site("more"), 5)
+            .await
+            .expect("e")
+            .is_none()
+    );
+    assert!(
+        store
+            .ensure_site(&site("more"), 0)
+            .await
+            .expect("e")
+            .is_some(),
+        "0 = no limit"
+    );
+    assert_eq!(store.site_count().await.expect("count"), 6);
+}
+
+async fn ingest_key_is_kept_by_put_site(store: Arc<dyn Store>) {
+    let mut site = Site {
+        id: SiteId::parse("api").expect("id"),
+        origins: vec!["https://a.example".into()],
+        zone: SiteZone::utc(),
+        public: false,
+        ingest_key: None,
+    };
+    store.put_site(&site).await.expect("put");
+    assert!(
+        store
+            .set_ingest_key(&site.id, Some("k-secret-1"))
+            .await
+            .expect("set")
+    );
+    let unknown = SiteId::parse("nope").expect("id");
+    assert!(
+        !store
+            .set_ingest_key(&unknown, Some("x"))
+            .await
+            .expect("set")
+    );
+    site.origins = vec!["https://b.example".into()];
+    store.put_site(&site).await.expect("put again");
+    let got = store.get_site(&site.id).await.expect("get").expect("site");
+    assert_eq!(got.origins, ["https://b.example"]);
+    assert_eq!(
+        got.ingest_key.as_deref(),
+        Some("k-secret-1"),
+        "site add keeps the key"
+    );
+    assert!(
+        !format!("{got:?}").contains("k-secret-1"),
+        "Debug hides the key"
+    );
+    let kept = store.ensure_site(&site, 0).await.expect("e").expect("site");
+    assert_eq!(kept.ingest_key.as_deref(), Some("k-secret-1"));
+    assert!(store.set_ingest_key(&site.id, None).await.expect("clear"));
+    let got = store.get_site(&site.id).await.expect("get").expect("site");
+    assert_eq!(got.ingest_key, None);
+}
+
+/// Ranked by the larger of web and badge views over the range, ties by path, cut to `limit`.
+async fn top_pages_rank_by_the_larger_source_and_limit(store: Arc<dyn Store>) {
+    let (d1, d2) = (date(2026, 4, 1), date(2026, 4, 2));
+    let badge = |r: Record| Record {
+        source: Source::Badge,
+        ..r
+    };
+    let mut batch = Vec::new();
+    let mut i = 0u32;
+    let mut add = |r: &dyn Fn(u32) -> Record| {
+        i += 1;
+        batch.push(r(i));
+    };
+    for v in 0..3 {
+        add(&|i| view(i, v, "/b", d1));
+        add(&|i| view(i, v, "/a", d2));
+    }
+    add(&|i| view(i, 9, "/c", d1));
+    for v in 0..5 {
+        add(&|i| badge(view(i, v % 2, "/c", if v < 3 { d1 } else { d2 })));
+    }
+    add(&|i| view(i, 1, "/d", d1));
+    add(&|i| view(i, 1, "/d", d2));
+    store.commit(batch).await.expect("commit");
+    let top = store.top_pages(&site_s(), d1, d2, 3).await.expect("top");
+    let got: Vec<_> = top
+        .iter()
+        .map(|r| {
+            (
+                r.page.as_str(),
+                r.numbers.web.views,
+                r.numbers.web.visitors,
+                r.numbers.badge.views,
+                r.numbers.badge.visitors,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [("/c", 1, 1, 5, 2), ("/a", 3, 3, 0, 0), ("/b", 3, 3, 0, 0)]
+    );
+    let top = store.top_pages(&site_s(), d1, d2, 10).await.expect("top");
+    assert_eq!(top.len(), 4);
+    assert_eq!(
+        (
+            top[3].page.as_str(),
+            top[3].numbers.web.views,
+            top[3].numbers.web.visitors
+        ),
+        ("/d", 2, 1),
+        "visitors distinct over the range"
+    );
+    let top = store.top_pages(&site_s(), d2, d2, 1).await.expect("top");
+    assert_eq!(top_views(&top), [("/a".to_owned(), 3, 3)]);
+}
+
+mod sqlite_v2 {
+    use super::*;
+    use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
+
+    fn options() -> StoreOptions {
+        StoreOptions {
+            sync: SyncMode::Normal,
+            ..StoreOptions::default()
+        }
+    }
+
+    fn open_at(path: &std::path::Path, options: StoreOptions) -> Arc<dyn Store> {
+        Arc::new(SqliteStore::open(path, options).expect("open"))
+    }
+
+    #[tokio::test]
+    async fn page_cap_counts_new_pages_beyond_it_under_other() {
+        let dir = tempfile::tempdir().expect("dir");
+        let options = StoreOptions {
+            max_new_pages_per_day: 3,
+            ..options()
+        };
+        super::page_cap_counts_new_pages_beyond_it_under_other(open_at(
+            &dir.path().join("t.sqlite"),
+            options,
+        ))
+        .await;
+    }
+
+    #[tokio::test]
+    async fn prune_each_kind_keeps_verify_clean() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.sqlite");
+        let store = open_at(&path, options());
+        super::prune_each_kind_keeps_verify_clean(store, || {
+            let conn = rusqlite::Connection::open(&path).expect("open");
+            let changed = conn
+                .execute(
+                    "UPDATE counters SET views = views + 1 WHERE day = 20545 \
+                     AND scope = (SELECT id FROM pages WHERE path = '')",
+                    [],
+                )
+                .expect("tamper");
+            assert_eq!(changed, 1);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn disk_floor_refuses_and_stores_nothing() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.sqlite");
+        let full = StoreOptions {
+            min_free_bytes: u64::MAX,
+            ..options()
+        };
+        super::disk_floor_refuses_and_stores_nothing(
+            open_at(&path, full),
+            open_at(&path, options()),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn ensure_site_respects_max_sites() {
+        let dir = tempfile::tempdir().expect("dir");
+        super::ensure_site_respects_max_sites(open_at(&dir.path().join("t.sqlite"), options()))
+            .await;
+    }
+
+    #[tokio::test]
+    async fn ingest_key_is_kept_by_put_site() {
+        let dir = tempfile::tempdir().expect("dir");
+        super::ingest_key_is_kept_by_put_site(open_at(&dir.path().join("t.sqlite"), options()))
+            .await;
+    }
+
+    #[tokio::test]
+    async fn top_pages_rank_by_the_larger_source_and_limit() {
+        let dir = tempfile::tempdir().expect("dir");
+        super::top_pages_rank_by_the_larger_source_and_limit(open_at(
+            &dir.path().join("t.sqlite"),
+            options(),
+        ))
+        .await;
+    }
+
+    /// The file deleted under an open store: every later commit is refused (`FileLost`) and
+    /// nothing refused was stored anywhere; a file put in its place is noticed too.
+    #[tokio::test]
+    async fn a_lost_database_file_refuses_commits() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.sqlite");
+        let d = date(2026, 4, 1);
+        let store = open_at(&path, options());
+        store
+            .commit(vec![view(1, 1, "/a", d)])
+            .await
+            .expect("commit");
+        store.probe().await.expect("probe");
+        std::fs::remove_file(&path).expect("delete the database");
+        let lost = vec![view(2, 2, "/a", d), view(3, 3, "/b", d)];
+        for _ in 0..2 {
+            match store.commit(lost.clone()).await {
+                Err(StoreError::FileLost(why)) => assert!(why.contains("deleted"), "{why}"),
+                other => panic!("expected FileLost, got {other:?}"),
+            }
+        }
+        assert!(matches!(store.probe().await, Err(StoreError::FileLost(_))));
+        drop(store);
+
+        // A new file at the path: the refused records were never acknowledged, so they are
+        // accepted now, and whatever this store acknowledges is there after a reopen.
+        let store = open_at(&path, options());
+        assert_eq!(
+            store.commit(lost.clone()).await.expect("commit"),
+            [Outcome::Accepted, Outcome::Accepted]
+        );
+        drop(store);
+        let store = open_at(&path, options());
+        let c = store
+            .counts(&site_s(), &PagePath::parse("/a").expect("p"), d)
+            .await
+            .expect("counts");
+        assert_eq!(c.site_all.web.views, 2);
+        assert!(store.verify(false).await.expect("verify").drift.is_empty());
+
+        // Replaced: another database moved onto the path.
+        let other = dir.path().join("other.sqlite");
+        drop(open_at(&other, options()));
+        std::fs::rename(&other, &path).expect("replace");
+        match store.commit(vec![view(4, 4, "/a", d)]).await {
+            Err(StoreError::FileLost(why)) => assert!(why.contains("replaced"), "{why}"),
+            other => panic!("expected FileLost, got {other:?}"),
+        }
+    }
+
+    /// Two stores on one file commit the same event ids at the same time: each id counts once.
+    #[tokio::test]
+    async fn two_stores_on_one_file_count_each_id_once() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.sqlite");
+        let (a, b) = (open_at(&path, options()), open_at(&path, options()));
+        let d = date(2026, 4, 1);
+        let records: Vec<Record> = (0..600u32)
+            .map(|i| view(i, i % 37, &format!("/p{}", i % 11), d))
+            .collect();
+        let mut tasks = Vec::new();
+        for (n, chunk) in records.chunks(50).enumerate() {
+            // Each chunk goes to both stores, in opposite orders.
+            let (first, second) = if n % 2 == 0 { (&a, &b) } else { (&b, &a) };
+            for store in [first, second] {
+                let (store, chunk) = (Arc::clone(store), chunk.to_vec());
+                tasks.push(tokio::spawn(async move { store.commit(chunk).await }));
+            }
+        }
+        let mut accepted = 0;
+        for task in tasks {
+            let outcomes = task.await.expect("join").expect("commit");
+            accepted += outcomes.iter().filter(|o| **o == Outcome::Accepted).count();
+        }
+        assert_eq!(
+            accepted,
+            records.len(),
+            "each id accepted by exactly one store"
+        );
+        for store in [&a, &b] {
+            let c = store
+                .counts(&site_s(), &PagePath::parse("/p0").expect("p"), d)
+                .await
+                .expect("counts");
+            assert_eq!((c.site_all.web.views, c.site_all.web.visitors), (600, 37));
+            let report = store.verify(false).await.expect("verify");
+            assert!(report.drift.is_empty(), "{report:?}");
+        }
+    }
+
+    fn rss_kib() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// 100,000 pages in one day: the top 10 come ranked and limited from SQL.
+    #[tokio::test]
+    async fn top_pages_of_100k_pages() {
+        let dir = tempfile::tempdir().expect("dir");
+        let options = StoreOptions {
+            max_new_pages_per_day: 0,
+            ..options()
+        };
+        let store = open_at(&dir.path().join("t.sqlite"), options);
+        let d = date(2026, 4, 1);
+        let mut records: Vec<Record> = (0..100_000u32)
+            .map(|i| view(i, i % 1000, &format!("/page/{i:06}"), d))
+            .collect();
+        // Pages 50,000 + k (k < 12) get 30 - 2k more views, each from another visitor.
+        let mut n = 100_000u32;
+        for k in 0..12u32 {
+            for j in 0..(30 - 2 * k) {
+                n += 1;
+                records.push(view(n, 5000 + j, &format!("/page/{:06}", 50_000 + k), d));
+            }
+        }
+        for chunk in records.chunks(5000) {
+            store.commit(chunk.to_vec()).await.expect("commit");
+        }
+        let before = rss_kib();
+        let top = store.top_pages(&site_s(), d, d, 10).await.expect("top");
+        let after = rss_kib();
+        let expected: Vec<(String, u64, u64)> = (0..10u32)
+            .map(|k| {
+                let extra = u64::from(30 - 2 * k);
+                (format!("/page/{:06}", 50_000 + k), extra + 1, extra + 1)
+            })
+            .collect();
+        assert_eq!(top_views(&top), expected);
+        if let (Some(before), Some(after)) = (before, after) {
+            println!(
+                "top_pages over 100,000 pages: RSS {before} KiB -> {after} KiB ({:+} KiB)",
+                after as i64 - before as i64
+            );
+        }
     }
 }

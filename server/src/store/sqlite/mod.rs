@@ -3,22 +3,45 @@
 //! Contract, beyond [`Store`]'s:
 //! - WAL journal; `synchronous=FULL` by default, so a committed batch survives `kill -9` and
 //!   power loss (`NORMAL` survives `kill -9` only, and is faster).
-//! - One writer connection (SQLite has one writer anyway); several read-only connections so
-//!   counts and dashboards never wait for a commit. Every call runs on the blocking pool.
-//! - Dedupe is the primary key of `events` (the UUIDv7 event id) and a partial unique index on
+//! - One writer connection per store (SQLite has one writer anyway; two stores on one file
+//!   take turns through `BEGIN IMMEDIATE`); several read-only connections so counts and
+//!   dashboards never wait for a commit. Every call runs on the blocking pool. Readers have a
+//!   bounded page cache and spill temporary b-trees to files, so no query takes unbounded RAM.
+//! - Schema v2 (see `schema`): sites and pages interned as integers, days as integers. Dedupe
+//!   is the primary key of `events` (the UUIDv7 event id) and a partial unique index on
 //!   (site, name, dedupe); `INSERT OR IGNORE` plus the changed-row count decides the outcome.
+//! - A batch is refused whole, before anything is written, when the filesystem's free space
+//!   is below [`StoreOptions::min_free_bytes`] (`DiskFull`), and rolled back just before its
+//!   `COMMIT` when the path no longer names the file opened (`FileLost`): see `guard`.
+//! - At most [`StoreOptions::max_new_pages_per_day`] new pages per site and local day; views
+//!   of further new pages count under the site's `(other)` page, and the raw event records the
+//!   page id it was counted under, so `verify` stays exact.
+//! - Verify compares only what can still be recounted: not all-time rows nor days up to the
+//!   raw-event prune marker (`meta.pruned_before_ms`, plus one day for time zones), not
+//!   per-page day rows before the page prune marker (`meta.page_rows_before_day`); repair
+//!   rewrites exactly the compared rows, and rebuilds per-day visitor sets only after both the
+//!   raw-event and the visitor-set markers (`meta.visitor_rows_before_day`), so it never
+//!   resurrects pruned rows.
 //!
-//! Files: this one opens the database and implements [`Store`]; `write` commits batches,
-//! `read` answers queries, `verify` recounts and repairs.
+//! Files: this one opens the database and implements [`Store`]; `schema` creates and migrates
+//! the tables, `intern` maps names to ids, `guard` checks disk and file, `write` commits
+//! batches, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
 
+mod guard;
+mod intern;
+mod prune;
 mod read;
+mod schema;
 mod verify;
 mod write;
 
+use guard::FileGuard;
+use intern::{Interned, Resolver};
 use read::{
     id_bound, insert_site, query_sites, read_counts, read_range_totals, read_series,
     read_top_pages, read_top_referrers,
 };
+use schema::ALL_TIME;
 use verify::verify_counters;
 use write::commit_batch;
 
@@ -32,66 +55,38 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use tally_wire::Numbers;
 
 use super::{
-    BySource, CountsRaw, DayRow, Drift, PageRow, ReferrerRow, Site, Store, StoreError, VerifyReport,
+    BySource, CountsRaw, DayRow, Drift, PageRow, PruneReport, ReferrerRow, Retention, Site, Store,
+    StoreError, VerifyReport,
 };
-use crate::core::day::{SiteZone, day_key};
+use crate::core::day::SiteZone;
 use crate::core::hit::HitKind;
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::record::{Outcome, Record, Source};
 
-/// `day` value of all-time counter rows.
-const ALL_TIME: &str = "*";
-/// `page` value of whole-site counter rows.
-const WHOLE_SITE: &str = "";
 /// `kind` codes in `events`.
 const KIND_PAGEVIEW: i64 = 0;
 const KIND_EVENT: i64 = 1;
 
-const SCHEMA: &str = r"
-CREATE TABLE IF NOT EXISTS sites (
-    id TEXT PRIMARY KEY,
-    origins TEXT NOT NULL,
-    timezone TEXT NOT NULL,
-    public INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-    event_id BLOB PRIMARY KEY,
-    site TEXT NOT NULL,
-    source INTEGER NOT NULL,
-    kind INTEGER NOT NULL,
-    page TEXT NOT NULL,
-    name TEXT,
-    dedupe TEXT,
-    visitor BLOB NOT NULL,
-    at_ms INTEGER NOT NULL,
-    day TEXT NOT NULL,
-    referrer TEXT
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS events_dedupe ON events (site, name, dedupe) WHERE dedupe IS NOT NULL;
--- No index on (site, day): range reads use the time-ordered event id (UUIDv7) instead,
--- so every stored hit updates one b-tree less.
-DROP INDEX IF EXISTS events_site_day;
-CREATE TABLE IF NOT EXISTS visitors (
-    site TEXT NOT NULL, source INTEGER NOT NULL, page TEXT NOT NULL, day TEXT NOT NULL,
-    visitor BLOB NOT NULL,
-    PRIMARY KEY (site, source, page, day, visitor)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS counters (
-    site TEXT NOT NULL, source INTEGER NOT NULL, page TEXT NOT NULL, day TEXT NOT NULL,
-    views INTEGER NOT NULL, visitors INTEGER NOT NULL,
-    PRIMARY KEY (site, source, page, day)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS event_counters (
-    site TEXT NOT NULL, name TEXT NOT NULL, day TEXT NOT NULL, count INTEGER NOT NULL,
-    PRIMARY KEY (site, name, day)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS bases (
-    site TEXT NOT NULL, page TEXT NOT NULL, views INTEGER NOT NULL, visitors INTEGER NOT NULL,
-    PRIMARY KEY (site, page)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS salts (day TEXT PRIMARY KEY, salt BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-";
+/// The first day of day numbers.
+const EPOCH: Date = jiff::civil::date(1970, 1, 1);
+
+/// A local day as stored: days since 1970-01-01.
+pub(super) fn day_num(day: Date) -> i64 {
+    day.duration_since(EPOCH).as_secs().div_euclid(86_400)
+}
+
+/// A stored day number as a date.
+pub(super) fn num_day(n: i64) -> Result<Date, StoreError> {
+    n.checked_mul(24)
+        .map(jiff::SignedDuration::from_hours)
+        .and_then(|d| EPOCH.checked_add(d).ok())
+        .ok_or_else(|| StoreError::Invalid(format!("day number {n} is out of range")))
+}
+
+/// The UTC day number of an instant.
+pub(super) fn utc_day_num(at: jiff::Timestamp) -> i64 {
+    at.as_second().div_euclid(86_400)
+}
 
 /// How hard SQLite syncs a commit to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
@@ -104,18 +99,47 @@ pub enum SyncMode {
     Normal,
 }
 
+/// How the SQLite store is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    pub sync: SyncMode,
+    /// Commits are refused (`DiskFull`) while the filesystem has less free space than this.
+    /// Default 256 MiB: room for SQLite's WAL to checkpoint, for a `VACUUM`, and for the
+    /// operator to react, while a full disk would corrupt nothing but refuse every hit
+    /// without a clear signal. 0 = no floor.
+    pub min_free_bytes: u64,
+    /// New distinct pages per site per local day (default 1000; 0 = unlimited). Beyond it,
+    /// views of new pages count under the site's `(other)` page.
+    pub max_new_pages_per_day: u32,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            sync: SyncMode::Full,
+            min_free_bytes: 256 << 20,
+            max_new_pages_per_day: 1000,
+        }
+    }
+}
+
 /// The writer connection and what it knows about rows it has written.
 struct Writer {
     conn: Connection,
-    /// Visitor rows known to exist, so repeat visitors skip four index lookups per hit.
+    /// Visitor rows known to exist, so repeat visitors skip the visitor-set lookups.
     seen: SeenVisitors,
+    /// Site and page ids known to exist.
+    ids: Interned,
 }
 
-/// A bounded set of visitor rows (hashed) known to be in `visitors`, in two generations:
-/// when the young one fills, it becomes the old one and the old one is dropped, so the most
-/// recently seen rows stay. Safe because a visitor row is never deleted while it can still be
-/// hit: `prune` only removes days older than the accepted event window, and `verify --repair`
-/// rebuilds every row that has an event. A key is added only after its transaction commits.
+/// A bounded set of per-day visitor rows (hashed) known to be in `visits`, in two
+/// generations: when the young one fills, it becomes the old one and the old one is dropped,
+/// so the most recently seen rows stay. A page's row for a day implies every other row of
+/// that view (the site's row of the day and both all-time rows), so a known page row skips
+/// all visitor-set work. Safe because a row is never deleted while its day can still be hit:
+/// prune only removes days older than the accepted event window (and clears this set), and
+/// `verify --repair` rebuilds every row that has an event. A key is added only after its
+/// transaction commits.
 #[derive(Default)]
 struct SeenVisitors {
     hasher: std::collections::hash_map::RandomState,
@@ -127,9 +151,9 @@ struct SeenVisitors {
 const SEEN_PER_GENERATION: usize = 250_000;
 
 impl SeenVisitors {
-    fn key(&self, site: &str, source: i64, page: &str, day: &str, visitor: &[u8]) -> u64 {
+    fn key(&self, scope: i64, source: i64, day: i64, visitor: &[u8]) -> u64 {
         use std::hash::BuildHasher;
-        self.hasher.hash_one((site, source, page, day, visitor))
+        self.hasher.hash_one((scope, source, day, visitor))
     }
 
     fn contains(&self, key: u64) -> bool {
@@ -142,10 +166,20 @@ impl SeenVisitors {
         }
         self.young.insert(key);
     }
+
+    fn clear(&mut self) {
+        self.young.clear();
+        self.old.clear();
+    }
 }
 
 /// Number of read-only connections.
 const READERS: usize = 4;
+/// Page cache of each reader, KiB (SQLite's negative `cache_size`); also bounds the memory of
+/// sorts before they spill to temporary files.
+const READER_CACHE_KIB: i64 = 8 * 1024;
+/// Page cache of the writer, KiB: the visitor sets are written at random places.
+const WRITER_CACHE_KIB: i64 = 16 * 1024;
 
 /// The SQLite store.
 #[derive(Clone)]
@@ -156,6 +190,9 @@ pub struct SqliteStore {
     readers: Arc<Mutex<Vec<Connection>>>,
     /// The database file, to open more readers when all are busy.
     path: PathBuf,
+    /// Disk floor and file identity.
+    guard: Arc<FileGuard>,
+    max_new_pages_per_day: u32,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -174,22 +211,27 @@ fn open_reader(path: &Path) -> Result<Connection, StoreError> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.pragma_update(None, "cache_size", -READER_CACHE_KIB)?;
+    conn.pragma_update(None, "temp_store", "FILE")?;
     Ok(conn)
 }
 
 impl SqliteStore {
-    /// Open (creating if needed) the database file at `path`.
-    pub fn open(path: &Path, sync: SyncMode) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)?;
+    /// Open (creating or migrating if needed) the database file at `path`.
+    pub fn open(path: &Path, options: StoreOptions) -> Result<Self, StoreError> {
+        let mut conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        let sync = match sync {
+        let sync = match options.sync {
             SyncMode::Full => "FULL",
             SyncMode::Normal => "NORMAL",
         };
         conn.pragma_update(None, "synchronous", sync)?;
-        conn.execute_batch(SCHEMA)?;
+        conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
+        conn.pragma_update(None, "temp_store", "FILE")?;
+        schema::prepare(&mut conn)?;
         conn.set_prepared_statement_cache_capacity(64);
+        let guard = FileGuard::new(path, options.min_free_bytes)?;
         let readers = (0..READERS)
             .map(|_| open_reader(path))
             .collect::<Result<Vec<_>, _>>()?;
@@ -197,15 +239,18 @@ impl SqliteStore {
             writer: Arc::new(Mutex::new(Writer {
                 conn,
                 seen: SeenVisitors::default(),
+                ids: Interned::default(),
             })),
             readers: Arc::new(Mutex::new(readers)),
             path: path.to_owned(),
+            guard: Arc::new(guard),
+            max_new_pages_per_day: options.max_new_pages_per_day,
         })
     }
 
     async fn write<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let writer = Arc::clone(&self.writer);
         tokio::task::spawn_blocking(move || {
@@ -213,7 +258,7 @@ impl SqliteStore {
             let mut writer = writer
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            f(&mut writer.conn)
+            f(&mut writer)
         })
         .await
         .map_err(backend)?
@@ -250,17 +295,16 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     async fn commit(&self, records: Vec<Record>) -> Result<Vec<Outcome>, StoreError> {
-        let writer = Arc::clone(&self.writer);
-        tokio::task::spawn_blocking(move || {
-            // A panic under the lock rolled its transaction back; the connection is still usable.
-            let mut writer = writer
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let Writer { conn, seen } = &mut *writer;
-            commit_batch(conn, seen, &records)
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let guard = Arc::clone(&self.guard);
+        let cap = self.max_new_pages_per_day;
+        self.write(move |writer| {
+            guard.check_disk()?;
+            commit_batch(writer, &guard, cap, &records)
         })
         .await
-        .map_err(backend)?
     }
 
     async fn counts(
@@ -272,9 +316,9 @@ impl Store for SqliteStore {
         let (site, page, today) = (
             site.as_str().to_owned(),
             page.as_str().to_owned(),
-            day_key(today),
+            day_num(today),
         );
-        self.read(move |conn| read_counts(conn, &site, &page, &today))
+        self.read(move |conn| read_counts(conn, &site, &page, today))
             .await
     }
 
@@ -290,43 +334,76 @@ impl Store for SqliteStore {
 
     async fn put_site(&self, site: &Site) -> Result<(), StoreError> {
         let site = site.clone();
-        self.write(move |conn| insert_site(conn, &site, true)).await
+        self.write(move |w| insert_site(&w.conn, &site)).await
     }
 
     async fn ensure_site(&self, site: &Site, max_sites: u64) -> Result<Option<Site>, StoreError> {
-        // Temporary (replaced by the schema v2 branch): count, then insert, on the one writer.
         let site = site.clone();
-        self.write(move |conn| {
-            if let Some(existing) = query_sites(conn, Some(site.id.as_str()))?.pop() {
-                return Ok(Some(existing));
-            }
+        self.write(move |w| {
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let origins = serde_json::to_string(&site.origins).map_err(backend)?;
+            // One statement: exists-or-under-the-limit is decided where the row is written.
+            tx.execute(
+                "INSERT INTO sites (id, origins, timezone, public, ingest_key) \
+                 SELECT ?1, ?2, ?3, ?4, ?5 WHERE NOT EXISTS (SELECT 1 FROM sites WHERE id = ?1) \
+                 AND (?6 = 0 OR (SELECT COUNT(*) FROM sites) < ?6)",
+                params![
+                    site.id.as_str(),
+                    origins,
+                    site.zone.name(),
+                    site.public,
+                    site.ingest_key,
+                    i64::try_from(max_sites).unwrap_or(i64::MAX),
+                ],
+            )?;
+            let stored = query_sites(&tx, Some(site.id.as_str()))?.pop();
+            tx.commit()?;
+            Ok(stored)
+        })
+        .await
+    }
+
+    async fn set_ingest_key(&self, id: &SiteId, key: Option<&str>) -> Result<bool, StoreError> {
+        let (id, key) = (id.as_str().to_owned(), key.map(str::to_owned));
+        self.write(move |w| {
+            Ok(w.conn.execute(
+                "UPDATE sites SET ingest_key = ?2 WHERE id = ?1",
+                params![id, key],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn site_count(&self) -> Result<u64, StoreError> {
+        self.read(|conn| {
             let n: i64 = conn.query_row("SELECT COUNT(*) FROM sites", [], |r| r.get(0))?;
-            if max_sites > 0 && n as u64 >= max_sites {
-                return Ok(None);
-            }
-            insert_site(conn, &site, false)?;
-            Ok(query_sites(conn, Some(site.id.as_str()))?.pop())
+            Ok(n.max(0) as u64)
         })
         .await
     }
 
     async fn remove_site(&self, id: &SiteId) -> Result<bool, StoreError> {
         let id = id.as_str().to_owned();
-        self.write(move |conn| Ok(conn.execute("DELETE FROM sites WHERE id = ?1", [id])? > 0))
+        self.write(move |w| Ok(w.conn.execute("DELETE FROM sites WHERE id = ?1", [id])? > 0))
             .await
     }
 
     async fn salt_for(&self, day: Date, fresh: [u8; 32]) -> Result<[u8; 32], StoreError> {
-        let key = day_key(day);
-        let oldest = day_key(day.checked_sub(jiff::ToSpan::days(2)).unwrap_or(day));
-        self.write(move |conn| {
-            conn.execute(
+        let key = day_num(day);
+        self.write(move |w| {
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
                 "INSERT OR IGNORE INTO salts (day, salt) VALUES (?1, ?2)",
                 params![key, &fresh[..]],
             )?;
-            conn.execute("DELETE FROM salts WHERE day < ?1", [oldest])?;
+            tx.execute("DELETE FROM salts WHERE day < ?1", [key - 2])?;
             let salt: Vec<u8> =
-                conn.query_row("SELECT salt FROM salts WHERE day = ?1", [key], |r| r.get(0))?;
+                tx.query_row("SELECT salt FROM salts WHERE day = ?1", [key], |r| r.get(0))?;
+            tx.commit()?;
             salt.try_into()
                 .map_err(|_| StoreError::Invalid("salt is not 32 bytes".into()))
         })
@@ -334,12 +411,20 @@ impl Store for SqliteStore {
     }
 
     async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError> {
-        self.write(move |conn| verify_counters(conn, repair)).await
+        self.write(move |w| {
+            let report = verify_counters(&mut w.conn, repair)?;
+            if report.repaired {
+                w.seen.clear();
+                w.ids.clear();
+            }
+            Ok(report)
+        })
+        .await
     }
 
     async fn series(&self, site: &SiteId, from: Date, to: Date) -> Result<Vec<DayRow>, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_key(from), day_key(to));
-        self.read(move |conn| read_series(conn, &site, &from, &to))
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_series(conn, &site, from, to))
             .await
     }
 
@@ -349,8 +434,8 @@ impl Store for SqliteStore {
         from: Date,
         to: Date,
     ) -> Result<BySource, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_key(from), day_key(to));
-        self.read(move |conn| read_range_totals(conn, &site, &from, &to))
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_range_totals(conn, &site, from, to))
             .await
     }
 
@@ -361,8 +446,8 @@ impl Store for SqliteStore {
         to: Date,
         limit: u32,
     ) -> Result<Vec<PageRow>, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_key(from), day_key(to));
-        self.read(move |conn| read_top_pages(conn, &site, &from, &to, limit))
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_top_pages(conn, &site, from, to, limit))
             .await
     }
 
@@ -374,12 +459,12 @@ impl Store for SqliteStore {
         (start, end): (jiff::Timestamp, jiff::Timestamp),
         limit: u32,
     ) -> Result<Vec<ReferrerRow>, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_key(from), day_key(to));
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
         let ids = (
             id_bound(start.as_millisecond()),
             id_bound(end.as_millisecond()),
         );
-        self.read(move |conn| read_top_referrers(conn, &site, (&from, &to), ids, limit))
+        self.read(move |conn| read_top_referrers(conn, &site, (from, to), ids, limit))
             .await
     }
 
@@ -391,61 +476,49 @@ impl Store for SqliteStore {
     ) -> Result<(), StoreError> {
         let site = site.as_str().to_owned();
         let page = page.map(|p| p.as_str().to_owned()).unwrap_or_default();
-        self.write(move |conn| {
-            conn.execute(
-                "INSERT INTO bases (site, page, views, visitors) VALUES (?1, ?2, ?3, ?4) \
-                 ON CONFLICT (site, page) DO UPDATE SET views = excluded.views, visitors = excluded.visitors",
-                params![site, page, base.views as i64, base.visitors as i64],
+        self.write(move |w| {
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut ids = Resolver::new(&tx, &w.ids, 0);
+            let site = ids.site(&site)?;
+            let scope = ids.page_uncapped(site, &page)?;
+            let pending = ids.into_pending();
+            tx.execute(
+                "INSERT INTO bases (scope, views, visitors) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (scope) DO UPDATE SET views = excluded.views, visitors = excluded.visitors",
+                params![
+                    scope,
+                    i64::try_from(base.views).unwrap_or(i64::MAX),
+                    i64::try_from(base.visitors).unwrap_or(i64::MAX)
+                ],
             )?;
+            tx.commit()?;
+            w.ids.absorb(pending);
             Ok(())
         })
         .await
     }
 
-    async fn prune(&self, before_ms: i64) -> Result<u64, StoreError> {
-        // Event ids are UUIDv7: the first 48 bits are the time, so "older than" is a key range.
-        let bound = id_bound(before_ms);
-        let mut total = 0u64;
-        loop {
-            // Small chunks, so the writer is never held long and live traffic keeps flowing.
-            // The marker and the deletion commit together: `verify` never sees events gone
-            // without knowing it. Custom events with a dedupe key are kept (they ARE the
-            // dedupe), and so are the derived per-day visitor sets (range visitors stay exact).
-            let deleted = self
-                .write(move |conn| {
-                    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                    let ids: Vec<Vec<u8>> = {
-                        let mut stmt = tx.prepare_cached(
-                            "SELECT event_id FROM events \
-                             WHERE event_id < ?1 AND dedupe IS NULL LIMIT 5000",
-                        )?;
-                        let rows = stmt.query_map(params![&bound[..]], |r| r.get(0))?;
-                        rows.collect::<Result<_, _>>()?
-                    };
-                    if ids.is_empty() {
-                        return Ok(0);
-                    }
-                    tx.execute(
-                        "INSERT INTO meta (key, value) VALUES ('pruned_before_ms', ?1) \
-                         ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
-                        [before_ms],
-                    )?;
-                    {
-                        let mut delete =
-                            tx.prepare_cached("DELETE FROM events WHERE event_id = ?1")?;
-                        for id in &ids {
-                            delete.execute([id])?;
-                        }
-                    }
-                    tx.commit()?;
-                    Ok(ids.len() as u64)
-                })
-                .await?;
-            total += deleted;
-            if deleted == 0 {
-                break;
-            }
-        }
-        Ok(total)
+    async fn prune(
+        &self,
+        policy: Retention,
+        now: jiff::Timestamp,
+    ) -> Result<PruneReport, StoreError> {
+        prune::prune(self, policy, now).await
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.guard.check_file()?;
+        self.guard.check_disk()?;
+        self.read(|conn| {
+            conn.query_row("SELECT COUNT(*) FROM site_keys", [], |r| r.get::<_, i64>(0))?;
+            Ok(())
+        })
+        .await
+    }
+
+    fn free_bytes(&self) -> Option<u64> {
+        self.guard.free_bytes()
     }
 }

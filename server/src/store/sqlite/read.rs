@@ -1,63 +1,64 @@
 //! Queries: counts, sites, daily series, range totals, top pages and referrers.
+//!
+//! Every query is limited inside the database: top pages are ranked, tie-broken and cut to
+//! `limit` by SQL (grouped in the order of the `pages` index, so no temporary b-tree holds
+//! every page), and exact distinct visitors are counted only for the rows returned, one day
+//! of one scope at a time from the per-day sets.
 
 use super::*;
+
+/// The site's id and whole-site scope, if the site was ever counted.
+fn site_scope(conn: &Connection, site: &str) -> Result<Option<(i64, i64)>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT k.id, p.id FROM site_keys k JOIN pages p ON p.site = k.id AND p.path = '' \
+             WHERE k.name = ?1",
+        )?
+        .query_row([site], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?)
+}
 
 pub(super) fn read_counts(
     conn: &Connection,
     site: &str,
     page: &str,
-    today: &str,
+    today: i64,
 ) -> Result<CountsRaw, StoreError> {
     let mut raw = CountsRaw::default();
     let mut stmt = conn.prepare_cached(
-        "SELECT source, page, day, views, visitors FROM counters \
-         WHERE site = ?1 AND page IN ('', ?2) AND day IN ('*', ?3)",
+        "SELECT p.path, c.source, c.day, c.views, c.visitors \
+         FROM site_keys k JOIN pages p ON p.site = k.id AND p.path IN ('', ?2) \
+         JOIN counters c ON c.scope = p.id AND c.source IN (0, 1) AND c.day IN (-1, ?3) \
+         WHERE k.name = ?1",
     )?;
     let mut rows = stmt.query(params![site, page, today])?;
     while let Some(row) = rows.next()? {
-        let source: i64 = row.get(0)?;
-        let row_page: String = row.get(1)?;
-        let row_day: String = row.get(2)?;
-        let numbers = Numbers {
-            views: row.get::<_, i64>(3)? as u64,
-            visitors: row.get::<_, i64>(4)? as u64,
-        };
+        let row_page: String = row.get(0)?;
+        let source: i64 = row.get(1)?;
+        let row_day: i64 = row.get(2)?;
+        let n = numbers(row.get(3)?, row.get(4)?);
         // A page key is never empty, so `row_page == ""` means the whole site.
-        let targets: [(bool, &mut BySource); 2] = if row_day == ALL_TIME {
-            [
-                (row_page.is_empty(), &mut raw.site_all),
-                (row_page == page, &mut raw.page_all),
-            ]
-        } else {
-            [
-                (row_page.is_empty(), &mut raw.site_today),
-                (row_page == page, &mut raw.page_today),
-            ]
+        let scope = match (row_page.is_empty(), row_day == ALL_TIME) {
+            (true, true) => &mut raw.site_all,
+            (true, false) => &mut raw.site_today,
+            (false, true) => &mut raw.page_all,
+            (false, false) => &mut raw.page_today,
         };
-        for (hit, scope) in targets {
-            if hit {
-                if source == Source::Badge.code() {
-                    scope.badge = numbers;
-                } else {
-                    scope.web = numbers;
-                }
-            }
-        }
+        set_source(scope, source, n);
     }
     let mut stmt = conn.prepare_cached(
-        "SELECT page, views, visitors FROM bases WHERE site = ?1 AND page IN ('', ?2)",
+        "SELECT p.path, b.views, b.visitors \
+         FROM site_keys k JOIN pages p ON p.site = k.id AND p.path IN ('', ?2) \
+         JOIN bases b ON b.scope = p.id WHERE k.name = ?1",
     )?;
     let mut rows = stmt.query(params![site, page])?;
     while let Some(row) = rows.next()? {
         let row_page: String = row.get(0)?;
-        let numbers = Numbers {
-            views: row.get::<_, i64>(1)? as u64,
-            visitors: row.get::<_, i64>(2)? as u64,
-        };
+        let n = numbers(row.get(1)?, row.get(2)?);
         if row_page.is_empty() {
-            raw.site_base = numbers;
+            raw.site_base = n;
         } else {
-            raw.page_base = numbers;
+            raw.page_base = n;
         }
     }
     Ok(raw)
@@ -74,13 +75,14 @@ pub(super) fn site_from_row(row: &rusqlite::Row<'_>) -> Result<Site, StoreError>
             .map_err(|e| StoreError::Invalid(format!("origins of {id:?}: {e}")))?,
         zone: SiteZone::parse(&tz).map_err(|e| StoreError::Invalid(e.to_string()))?,
         public,
-        ingest_key: None,
+        ingest_key: row.get(4)?,
     })
 }
 
 pub(super) fn query_sites(conn: &Connection, id: Option<&str>) -> Result<Vec<Site>, StoreError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT id, origins, timezone, public FROM sites WHERE ?1 IS NULL OR id = ?1 ORDER BY id",
+        "SELECT id, origins, timezone, public, ingest_key FROM sites \
+         WHERE ?1 IS NULL OR id = ?1 ORDER BY id",
     )?;
     let mut rows = stmt.query(params![id])?;
     let mut sites = Vec::new();
@@ -90,16 +92,21 @@ pub(super) fn query_sites(conn: &Connection, id: Option<&str>) -> Result<Vec<Sit
     Ok(sites)
 }
 
-pub(super) fn insert_site(conn: &Connection, site: &Site, replace: bool) -> Result<(), StoreError> {
+/// Create or update a site's configuration; an ingest key of `None` keeps the stored one.
+pub(super) fn insert_site(conn: &Connection, site: &Site) -> Result<(), StoreError> {
     let origins = serde_json::to_string(&site.origins).map_err(backend)?;
-    let verb = if replace {
-        "INSERT OR REPLACE"
-    } else {
-        "INSERT OR IGNORE"
-    };
     conn.execute(
-        &format!("{verb} INTO sites (id, origins, timezone, public) VALUES (?1, ?2, ?3, ?4)"),
-        params![site.id.as_str(), origins, site.zone.name(), site.public],
+        "INSERT INTO sites (id, origins, timezone, public, ingest_key) VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (id) DO UPDATE SET origins = excluded.origins, \
+         timezone = excluded.timezone, public = excluded.public, \
+         ingest_key = COALESCE(excluded.ingest_key, sites.ingest_key)",
+        params![
+            site.id.as_str(),
+            origins,
+            site.zone.name(),
+            site.public,
+            site.ingest_key
+        ],
     )?;
     Ok(())
 }
@@ -119,23 +126,29 @@ pub(super) fn set_source(target: &mut BySource, source: i64, n: Numbers) {
     }
 }
 
+/// Day numbers of a query range, never reaching the all-time rows.
+fn clamp(from: i64, to: i64) -> (i64, i64) {
+    (from.max(0), to)
+}
+
 pub(super) fn read_series(
     conn: &Connection,
     site: &str,
-    from: &str,
-    to: &str,
+    from: i64,
+    to: i64,
 ) -> Result<Vec<DayRow>, StoreError> {
+    let Some((_, scope)) = site_scope(conn, site)? else {
+        return Ok(Vec::new());
+    };
+    let (from, to) = clamp(from, to);
     let mut stmt = conn.prepare_cached(
         "SELECT day, source, views, visitors FROM counters \
-         WHERE site = ?1 AND page = '' AND day != '*' AND day BETWEEN ?2 AND ?3 ORDER BY day",
+         WHERE scope = ?1 AND source IN (0, 1) AND day BETWEEN ?2 AND ?3 ORDER BY day, source",
     )?;
-    let mut rows = stmt.query(params![site, from, to])?;
+    let mut rows = stmt.query(params![scope, from, to])?;
     let mut out: Vec<DayRow> = Vec::new();
     while let Some(row) = rows.next()? {
-        let day: String = row.get(0)?;
-        let day: Date = day
-            .parse()
-            .map_err(|e| StoreError::Invalid(format!("day {day:?}: {e}")))?;
+        let day = num_day(row.get(0)?)?;
         let n = numbers(row.get(2)?, row.get(3)?);
         if out.last().is_none_or(|last| last.day != day) {
             out.push(DayRow {
@@ -150,30 +163,52 @@ pub(super) fn read_series(
     Ok(out)
 }
 
+/// Exact distinct visitors of one scope and source over the days `from..=to`: one seek per
+/// day that has rows (the scope's counter rows tell which), counted in a temporary b-tree.
+fn distinct_visitors(
+    conn: &Connection,
+    scope: i64,
+    source: i64,
+    from: i64,
+    to: i64,
+) -> Result<u64, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT COUNT(DISTINCT v.visitor) FROM counters c CROSS JOIN visits v \
+         ON v.day = c.day AND v.scope = c.scope AND v.source = c.source \
+         WHERE c.scope = ?1 AND c.source = ?2 AND c.day BETWEEN ?3 AND ?4",
+    )?;
+    let n: i64 = stmt.query_row(params![scope, source, from, to], |r| r.get(0))?;
+    Ok(n.max(0) as u64)
+}
+
 pub(super) fn read_range_totals(
     conn: &Connection,
     site: &str,
-    from: &str,
-    to: &str,
+    from: i64,
+    to: i64,
 ) -> Result<BySource, StoreError> {
     let mut out = BySource::default();
+    let Some((_, scope)) = site_scope(conn, site)? else {
+        return Ok(out);
+    };
+    let (from, to) = clamp(from, to);
     let mut stmt = conn.prepare_cached(
         "SELECT source, SUM(views) FROM counters \
-         WHERE site = ?1 AND page = '' AND day != '*' AND day BETWEEN ?2 AND ?3 GROUP BY source",
+         WHERE scope = ?1 AND source IN (0, 1) AND day BETWEEN ?2 AND ?3 GROUP BY source",
     )?;
-    let mut views = HashMap::new();
-    let mut rows = stmt.query(params![site, from, to])?;
-    while let Some(row) = rows.next()? {
-        views.insert(row.get::<_, i64>(0)?, row.get::<_, i64>(1)?);
-    }
-    // Distinct visitors over several days: exact, from the per-day visitor sets.
-    let mut stmt = conn.prepare_cached(
-        "SELECT COUNT(DISTINCT visitor) FROM visitors \
-         WHERE site = ?1 AND source = ?2 AND page = '' AND day != '*' AND day BETWEEN ?3 AND ?4",
-    )?;
+    let views: Vec<(i64, i64)> = stmt
+        .query_map(params![scope, from, to], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
     for (source, views) in views {
-        let visitors: i64 = stmt.query_row(params![site, source, from, to], |r| r.get(0))?;
-        set_source(&mut out, source, numbers(views, visitors));
+        let visitors = distinct_visitors(conn, scope, source, from, to)?;
+        set_source(
+            &mut out,
+            source,
+            Numbers {
+                views: views.max(0) as u64,
+                visitors,
+            },
+        );
     }
     Ok(out)
 }
@@ -181,46 +216,43 @@ pub(super) fn read_range_totals(
 pub(super) fn read_top_pages(
     conn: &Connection,
     site: &str,
-    from: &str,
-    to: &str,
+    from: i64,
+    to: i64,
     limit: u32,
 ) -> Result<Vec<PageRow>, StoreError> {
-    // Rank by the shown number (the larger source), then fill exact visitors per page.
+    let Some((site_id, _)) = site_scope(conn, site)? else {
+        return Ok(Vec::new());
+    };
+    let (from, to) = clamp(from, to);
+    // Pages come in the order of the (site, path) index, so grouping by path streams; the
+    // sorter keeps only the `limit` best rows.
     let mut stmt = conn.prepare_cached(
-        "SELECT page, source, SUM(views) FROM counters \
-         WHERE site = ?1 AND page != '' AND day != '*' AND day BETWEEN ?2 AND ?3 \
-         GROUP BY page, source",
+        "SELECT p.id, p.path, \
+                SUM(CASE WHEN c.source = 0 THEN c.views ELSE 0 END) AS web, \
+                SUM(CASE WHEN c.source = 1 THEN c.views ELSE 0 END) AS badge \
+         FROM pages p CROSS JOIN counters c \
+              ON c.scope = p.id AND c.source IN (0, 1) AND c.day BETWEEN ?2 AND ?3 \
+         WHERE p.site = ?1 AND p.path != '' \
+         GROUP BY p.path ORDER BY max(web, badge) DESC, p.path LIMIT ?4",
     )?;
-    let mut by_page: HashMap<String, BySource> = HashMap::new();
-    let mut rows = stmt.query(params![site, from, to])?;
-    while let Some(row) = rows.next()? {
-        let entry = by_page.entry(row.get(0)?).or_default();
-        set_source(entry, row.get(1)?, numbers(row.get(2)?, 0));
-    }
-    let mut pages: Vec<PageRow> = by_page
-        .into_iter()
-        .map(|(page, numbers)| PageRow { page, numbers })
-        .collect();
-    pages.sort_by(|a, b| {
-        let key = |p: &PageRow| p.numbers.web.views.max(p.numbers.badge.views);
-        key(b).cmp(&key(a)).then_with(|| a.page.cmp(&b.page))
-    });
-    pages.truncate(limit as usize);
-    let mut stmt = conn.prepare_cached(
-        "SELECT COUNT(DISTINCT visitor) FROM visitors \
-         WHERE site = ?1 AND source = ?2 AND page = ?3 AND day != '*' AND day BETWEEN ?4 AND ?5",
-    )?;
-    for p in &mut pages {
-        for (source, n) in [
-            (Source::Web, &mut p.numbers.web),
-            (Source::Badge, &mut p.numbers.badge),
+    let ranked: Vec<(i64, String, i64, i64)> = stmt
+        .query_map(params![site_id, from, to, limit], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut pages = Vec::with_capacity(ranked.len());
+    for (scope, page, web, badge) in ranked {
+        let mut numbers = BySource::default();
+        for (source, views, target) in [
+            (Source::Web, web, &mut numbers.web),
+            (Source::Badge, badge, &mut numbers.badge),
         ] {
-            if n.views > 0 {
-                let v: i64 =
-                    stmt.query_row(params![site, source.code(), p.page, from, to], |r| r.get(0))?;
-                n.visitors = v.max(0) as u64;
+            if views > 0 {
+                target.views = views as u64;
+                target.visitors = distinct_visitors(conn, scope, source.code(), from, to)?;
             }
         }
+        pages.push(PageRow { page, numbers });
     }
     Ok(pages)
 }
@@ -235,10 +267,13 @@ pub(super) fn id_bound(ms: i64) -> [u8; 16] {
 pub(super) fn read_top_referrers(
     conn: &Connection,
     site: &str,
-    (from, to): (&str, &str),
+    (from, to): (i64, i64),
     (lo, hi): ([u8; 16], [u8; 16]),
     limit: u32,
 ) -> Result<Vec<ReferrerRow>, StoreError> {
+    let Some((site_id, _)) = site_scope(conn, site)? else {
+        return Ok(Vec::new());
+    };
     let mut stmt = conn.prepare_cached(
         "WITH r AS (SELECT substr(referrer, instr(referrer, '://') + 3) AS rest FROM events \
                     WHERE event_id >= ?5 AND event_id < ?6 AND site = ?1 AND kind = 0 \
@@ -246,7 +281,7 @@ pub(super) fn read_top_referrers(
          SELECT CASE WHEN instr(rest, '/') > 0 THEN substr(rest, 1, instr(rest, '/') - 1) ELSE rest END \
                 AS host, COUNT(*) AS n FROM r GROUP BY host ORDER BY n DESC, host LIMIT ?4",
     )?;
-    let rows = stmt.query_map(params![site, from, to, limit, &lo[..], &hi[..]], |r| {
+    let rows = stmt.query_map(params![site_id, from, to, limit, &lo[..], &hi[..]], |r| {
         Ok(ReferrerRow {
             host: r.get(0)?,
             views: r.get::<_, i64>(1)?.max(0) as u64,

@@ -1,49 +1,105 @@
 //! Recounting every counter from raw events, and repairing drift.
+//!
+//! The rule of what is compared (and, with repair, rewritten): a counter row is comparable
+//! when its raw events are all still stored and the row itself was not pruned, that is
+//! - no raw event was ever pruned, or the row is a day row after the raw prune marker's day
+//!   (`meta.pruned_before_ms`, plus one day so every time zone's local day is complete;
+//!   all-time rows are then never comparable), and
+//! - it is not a per-page day row before the page prune marker (`meta.page_rows_before_day`).
+//!
+//! Repair deletes and re-inserts exactly the comparable rows, rebuilds the per-day visitor
+//! sets of days after both the raw prune marker and the visitor prune marker
+//! (`meta.visitor_rows_before_day`), and refills the all-time sets from the stored events
+//! (rebuilding them only when no raw event was ever pruned). Pruned rows never come back.
 
 use super::*;
 
-/// The recount of every counter from raw events: (site, source, page, day, views, visitors).
-pub(super) const RECOUNT: &str = "
-    SELECT site, source, page, day, COUNT(*) AS views, COUNT(DISTINCT visitor) AS visitors
-        FROM events WHERE kind = 0 GROUP BY site, source, page, day
-    UNION ALL SELECT site, source, '', day, COUNT(*), COUNT(DISTINCT visitor) FROM events
-        WHERE kind = 0 GROUP BY site, source, day
-    UNION ALL SELECT site, source, page, '*', COUNT(*), COUNT(DISTINCT visitor) FROM events
-        WHERE kind = 0 GROUP BY site, source, page
-    UNION ALL SELECT site, source, '', '*', COUNT(*), COUNT(DISTINCT visitor) FROM events
-        WHERE kind = 0 GROUP BY site, source";
+/// The recount of every counter from raw events: (scope, source, name, day, views, visitors).
+const RECOUNT: &str = "
+    SELECT page AS scope, source, '' AS name, day, COUNT(*) AS views,
+        COUNT(DISTINCT visitor) AS visitors FROM events WHERE kind = 0 GROUP BY page, source, day
+    UNION ALL SELECT (SELECT id FROM pages WHERE site = e.site AND path = ''), source, '', day,
+        COUNT(*), COUNT(DISTINCT visitor) FROM events e WHERE kind = 0 GROUP BY site, source, day
+    UNION ALL SELECT page, source, '', -1, COUNT(*), COUNT(DISTINCT visitor)
+        FROM events WHERE kind = 0 GROUP BY page, source
+    UNION ALL SELECT (SELECT id FROM pages WHERE site = e.site AND path = ''), source, '', -1,
+        COUNT(*), COUNT(DISTINCT visitor) FROM events e WHERE kind = 0 GROUP BY site, source";
 
-/// The recount of custom-event counters, shaped like [`RECOUNT`] (name in `page`, source -1).
-pub(super) const RECOUNT_EVENTS: &str = "
-    SELECT site, -1 AS source, name AS page, day, COUNT(*) AS views, 0 AS visitors
+const STORED: &str = "SELECT scope, source, '', day, views, visitors FROM counters";
+
+/// Custom-event counters, shaped like [`RECOUNT`] (site in `scope`, source -1, the name).
+const RECOUNT_EVENTS: &str = "
+    SELECT site AS scope, -1 AS source, name, day, COUNT(*) AS views, 0 AS visitors
         FROM events WHERE kind = 1 GROUP BY site, name, day
-    UNION ALL SELECT site, -1, name, '*', COUNT(*), 0 FROM events WHERE kind = 1 GROUP BY site, name";
+    UNION ALL SELECT site, -1, name, -1, COUNT(*), 0 FROM events WHERE kind = 1 GROUP BY site, name";
 
-pub(super) const STORED: &str = "SELECT site, source, page, day, views, visitors FROM counters";
-pub(super) const STORED_EVENTS: &str = "SELECT site, -1, name, day, count, 0 FROM event_counters";
+const STORED_EVENTS: &str = "SELECT site, -1, name, day, count, 0 FROM event_counters";
 
-pub(super) fn compare(
+/// Which rows can be recounted (see the module doc).
+struct Cuts {
+    /// Day rows up to this day (inclusive) lost raw events; `None`: nothing was pruned.
+    raw: Option<i64>,
+    /// Per-page day rows before this day were pruned.
+    pages: i64,
+    /// Per-day visitor sets before this day were pruned.
+    visitors: i64,
+}
+
+impl Cuts {
+    fn read(conn: &Connection) -> Result<Self, StoreError> {
+        let meta = |key: &str| -> Result<Option<i64>, StoreError> {
+            Ok(conn
+                .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+                .optional()?)
+        };
+        let raw = meta("pruned_before_ms")?.map(|ms| {
+            let ms = ms.saturating_add(86_400_000);
+            ms.div_euclid(86_400_000)
+        });
+        Ok(Self {
+            raw,
+            pages: meta("page_rows_before_day")?.unwrap_or(i64::MIN),
+            visitors: meta("visitor_rows_before_day")?.unwrap_or(i64::MIN),
+        })
+    }
+
+    /// SQL condition on a counter row (`day`, and `page_row` telling a per-page row).
+    fn comparable_sql(&self, page_row: &str) -> String {
+        let raw = match self.raw {
+            None => "1".to_owned(),
+            Some(cut) => format!("(day != -1 AND day > {cut})"),
+        };
+        format!(
+            "{raw} AND (day = -1 OR day >= {} OR NOT ({page_row}))",
+            self.pages
+        )
+    }
+}
+
+/// `scope` is a per-page scope (not a whole site's).
+const PAGE_ROW: &str = "scope NOT IN (SELECT id FROM pages WHERE path = '')";
+
+fn compare(
     conn: &Connection,
     stored: &str,
     recount: &str,
-    keep: &dyn Fn(&str) -> bool,
+    condition: &str,
+    events: bool,
     report: &mut VerifyReport,
 ) -> Result<(), StoreError> {
     let sql = format!(
-        "WITH s(site, source, page, day, views, visitors) AS ({stored}),
-              r(site, source, page, day, views, visitors) AS ({recount})
-         SELECT COALESCE(s.site, r.site), COALESCE(s.source, r.source), COALESCE(s.page, r.page),
-                COALESCE(s.day, r.day), s.views, s.visitors, r.views, r.visitors
-         FROM s FULL OUTER JOIN r ON s.site = r.site AND s.source = r.source
-              AND s.page = r.page AND s.day = r.day"
+        "WITH s(scope, source, name, day, views, visitors) AS ({stored}),
+              r(scope, source, name, day, views, visitors) AS ({recount}),
+              j AS (SELECT COALESCE(s.scope, r.scope) AS scope, COALESCE(s.source, r.source) AS source,
+                           COALESCE(s.name, r.name) AS name, COALESCE(s.day, r.day) AS day,
+                           s.views AS sv, s.visitors AS sw, r.views AS rv, r.visitors AS rw
+                    FROM s FULL OUTER JOIN r ON s.scope = r.scope AND s.source = r.source
+                         AND s.name = r.name AND s.day = r.day)
+         SELECT scope, source, name, day, sv, sw, rv, rw FROM j WHERE {condition}"
     );
     let mut stmt = conn.prepare(&sql)?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
-        let day: String = row.get(3)?;
-        if !keep(&day) {
-            continue;
-        }
         report.checked += 1;
         let stored = (
             row.get::<_, Option<i64>>(4)?.unwrap_or(0),
@@ -54,17 +110,52 @@ pub(super) fn compare(
             row.get::<_, Option<i64>>(7)?.unwrap_or(0),
         );
         if stored != recounted {
-            let site: String = row.get(0)?;
+            let scope: i64 = row.get(0)?;
             let source: i64 = row.get(1)?;
-            let page: String = row.get(2)?;
+            let name: String = row.get(2)?;
+            let day: i64 = row.get(3)?;
             report.drift.push(Drift {
-                key: format!("{site}/{source}/{page}/{day}"),
+                key: label(conn, events, scope, source, &name, day)?,
                 stored,
                 recounted,
             });
         }
     }
     Ok(())
+}
+
+/// `site/source/page/day` (page empty for the whole site, day `*` for all time); custom
+/// events as `site/-1/name/day`.
+fn label(
+    conn: &Connection,
+    events: bool,
+    scope: i64,
+    source: i64,
+    name: &str,
+    day: i64,
+) -> Result<String, StoreError> {
+    let (site, page): (String, String) = if events {
+        let site = conn
+            .query_row("SELECT name FROM site_keys WHERE id = ?1", [scope], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        (site.unwrap_or_else(|| format!("#{scope}")), name.to_owned())
+    } else {
+        conn.query_row(
+            "SELECT k.name, p.path FROM pages p JOIN site_keys k ON k.id = p.site WHERE p.id = ?1",
+            [scope],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?
+        .unwrap_or_else(|| (format!("#{scope}"), String::new()))
+    };
+    let day = if day == ALL_TIME {
+        "*".to_owned()
+    } else {
+        num_day(day).map_or_else(|_| day.to_string(), |d| d.to_string())
+    };
+    Ok(format!("{site}/{source}/{page}/{day}"))
 }
 
 pub(super) fn verify_counters(
@@ -76,48 +167,47 @@ pub(super) fn verify_counters(
     } else {
         TransactionBehavior::Deferred
     })?;
-    // After pruning, all-time rows and days up to the pruned one can no longer be recounted.
-    let pruned_day: Option<String> = tx
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'pruned_before_ms'",
-            [],
-            |r| r.get::<_, i64>(0),
-        )
-        .optional()?
-        .and_then(|ms| jiff::Timestamp::from_millisecond(ms + 86_400_000).ok())
-        .map(|ts| day_key(SiteZone::utc().day_of(ts)));
-    let keep = |day: &str| match &pruned_day {
-        None => true,
-        Some(cut) => day != ALL_TIME && day > cut.as_str(),
-    };
+    let cuts = Cuts::read(&tx)?;
+    let counters = cuts.comparable_sql(PAGE_ROW);
+    let event_counters = cuts.comparable_sql("0");
     let mut report = VerifyReport::default();
-    compare(&tx, STORED, RECOUNT, &keep, &mut report)?;
-    compare(&tx, STORED_EVENTS, RECOUNT_EVENTS, &keep, &mut report)?;
+    compare(&tx, STORED, RECOUNT, &counters, false, &mut report)?;
+    compare(
+        &tx,
+        STORED_EVENTS,
+        RECOUNT_EVENTS,
+        &event_counters,
+        true,
+        &mut report,
+    )?;
     if repair && !report.drift.is_empty() {
-        let (day_filter, visitor_filter) = match &pruned_day {
-            None => (String::new(), String::new()),
-            Some(cut) => (
-                format!(" WHERE day > '{cut}' AND day != '*'"),
-                format!(" AND day > '{cut}'"),
-            ),
-        };
+        let visit_days = format!(
+            "day >= {}{}",
+            cuts.visitors,
+            cuts.raw
+                .map_or(String::new(), |cut| format!(" AND day > {cut}"))
+        );
         tx.execute_batch(&format!(
-            "DELETE FROM counters{day_filter};
-             DELETE FROM event_counters{day_filter};
-             DELETE FROM visitors{day_filter};
-             INSERT INTO counters SELECT * FROM ({RECOUNT}){day_filter};
-             INSERT INTO event_counters SELECT site, page, day, views FROM ({RECOUNT_EVENTS}){day_filter};
-             INSERT OR IGNORE INTO visitors
-                 SELECT site, source, page, day, visitor FROM events WHERE kind = 0{visitor_filter}
-                 UNION SELECT site, source, '', day, visitor FROM events WHERE kind = 0{visitor_filter};"
+            "DELETE FROM counters WHERE {counters};
+             INSERT INTO counters (scope, source, day, views, visitors)
+                 SELECT scope, source, day, views, visitors FROM ({RECOUNT}) WHERE {counters};
+             DELETE FROM event_counters WHERE {event_counters};
+             INSERT INTO event_counters (site, name, day, count)
+                 SELECT scope, name, day, views FROM ({RECOUNT_EVENTS}) WHERE {event_counters};
+             DELETE FROM visits WHERE {visit_days};
+             INSERT OR IGNORE INTO visits (day, scope, source, visitor)
+                 SELECT day, page, source, visitor FROM events WHERE kind = 0 AND {visit_days}
+                 UNION SELECT day, (SELECT id FROM pages WHERE site = e.site AND path = ''),
+                     source, visitor FROM events e WHERE kind = 0 AND {visit_days};"
         ))?;
-        if pruned_day.is_none() {
-            tx.execute_batch(
-                "INSERT OR IGNORE INTO visitors
-                     SELECT site, source, page, '*', visitor FROM events WHERE kind = 0
-                     UNION SELECT site, source, '', '*', visitor FROM events WHERE kind = 0;",
-            )?;
+        if cuts.raw.is_none() {
+            tx.execute("DELETE FROM reach", [])?;
         }
+        tx.execute(
+            "INSERT OR IGNORE INTO reach (site, source, visitor, page)
+                 SELECT site, source, visitor, page FROM events WHERE kind = 0",
+            [],
+        )?;
         report.repaired = true;
     }
     tx.commit()?;

@@ -1,27 +1,43 @@
 //! Committing a batch: raw events, visitor sets and counters in one transaction.
+//!
+//! Per new page view the visitor sets answer four questions — is the visitor new for the
+//! page today, for the site today, for the page ever, for the site ever — with at most two
+//! rows (`visits` for the page's and the site's day, `reach` for the page ever; the site ever
+//! is the `reach` prefix) and lookups in lattice order: a page row of the day that exists
+//! already implies all four answers ("not new"), so a repeat view costs one lookup or none
+//! ([`SeenVisitors`]); a visitor already seen on the site today is not new to the site ever.
 
 use super::*;
 
-/// Counter increments of one batch: (site, source, page, day) → (views, new visitors).
-pub(super) type Deltas<'a> = HashMap<(&'a str, i64, &'a str, String), (i64, i64)>;
+/// Counter increments of one batch: (scope, source, day) → (views, new visitors).
+type Deltas = HashMap<(i64, i64, i64), (i64, i64)>;
 
 pub(super) fn commit_batch(
-    conn: &mut Connection,
-    seen: &mut SeenVisitors,
+    writer: &mut Writer,
+    guard: &FileGuard,
+    cap: u32,
     records: &[Record],
 ) -> Result<Vec<Outcome>, StoreError> {
+    let Writer { conn, seen, ids } = writer;
     // Visitor rows this batch writes; remembered in `seen` only once the batch has committed.
     let mut written: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut outcomes = Vec::with_capacity(records.len());
+    let mut resolver = Resolver::new(&tx, ids, cap);
     {
         let mut insert_event = tx.prepare_cached(
             "INSERT OR IGNORE INTO events (event_id, site, source, kind, page, name, dedupe, \
              visitor, at_ms, day, referrer) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )?;
-        let mut insert_visitor = tx.prepare_cached(
-            "INSERT OR IGNORE INTO visitors (site, source, page, day, visitor) \
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+        let mut insert_visit = tx.prepare_cached(
+            "INSERT OR IGNORE INTO visits (day, scope, source, visitor) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        let mut insert_reach = tx.prepare_cached(
+            "INSERT OR IGNORE INTO reach (site, source, visitor, page) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        let mut reached_elsewhere = tx.prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM reach WHERE site = ?1 AND source = ?2 AND visitor = ?3 \
+             AND page != ?4)",
         )?;
         let mut bump_event = tx.prepare_cached(
             "INSERT INTO event_counters (site, name, day, count) VALUES (?1, ?2, ?3, 1) \
@@ -29,9 +45,15 @@ pub(super) fn commit_batch(
         )?;
         // Counters are summed in memory and written once per key at the end of the batch: a
         // batch of hits on few pages touches few counter rows.
-        let mut deltas: Deltas<'_> = HashMap::new();
+        let mut deltas: Deltas = HashMap::new();
         for r in records {
-            let day = day_key(r.day);
+            let day = day_num(r.day);
+            if day < 0 {
+                return Err(StoreError::Invalid(format!(
+                    "day {} is before 1970-01-01",
+                    r.day
+                )));
+            }
             let (kind, name, dedupe) = match &r.kind {
                 HitKind::Pageview => (KIND_PAGEVIEW, None, None),
                 HitKind::Event { name, dedupe } => (
@@ -40,15 +62,19 @@ pub(super) fn commit_batch(
                     dedupe.as_ref().map(|d| d.as_str()),
                 ),
             };
+            let site = resolver.site(r.site.as_str())?;
+            let page = resolver.page(site, r.page.as_str(), day)?;
+            let source = r.source.code();
+            let visitor = &r.visitor.0[..];
             let inserted = insert_event.execute(params![
                 &r.event_id.as_bytes()[..],
-                r.site.as_str(),
-                r.source.code(),
+                site,
+                source,
                 kind,
-                r.page.as_str(),
+                page,
                 name,
                 dedupe,
-                &r.visitor.0[..],
+                visitor,
                 r.at_ms,
                 day,
                 r.referrer,
@@ -59,38 +85,54 @@ pub(super) fn commit_batch(
             }
             outcomes.push(Outcome::Accepted);
             if let Some(name) = name {
-                for d in [day.as_str(), ALL_TIME] {
-                    bump_event.execute(params![r.site.as_str(), name, d])?;
+                for d in [day, ALL_TIME] {
+                    bump_event.execute(params![site, name, d])?;
                 }
                 continue;
             }
-            let (site, source) = (r.site.as_str(), r.source.code());
-            for page in [r.page.as_str(), WHOLE_SITE] {
-                for d in [day.as_str(), ALL_TIME] {
-                    let key = seen.key(site, source, page, d, &r.visitor.0);
-                    let new = if seen.contains(key) || !written.insert(key) {
-                        0
-                    } else {
-                        insert_visitor.execute(params![site, source, page, d, &r.visitor.0[..]])?
-                    };
-                    let delta = deltas
-                        .entry((site, source, page, d.to_owned()))
-                        .or_default();
-                    delta.0 += 1;
-                    delta.1 += new as i64;
-                }
+            let site_scope = resolver.site_scope(site)?;
+            let mut bump = |scope: i64, d: i64, new_visitor: bool| {
+                let delta = deltas.entry((scope, source, d)).or_default();
+                delta.0 += 1;
+                delta.1 += i64::from(new_visitor);
+            };
+            // Lattice order: each answer "not new" settles the ones below it.
+            let page_key = seen.key(page, source, day, visitor);
+            let page_day = !seen.contains(page_key)
+                && written.insert(page_key)
+                && insert_visit.execute(params![day, page, source, visitor])? == 1;
+            let (mut site_day, mut page_ever, mut site_ever) = (false, false, false);
+            if page_day {
+                let site_key = seen.key(site_scope, source, day, visitor);
+                site_day = !seen.contains(site_key)
+                    && written.insert(site_key)
+                    && insert_visit.execute(params![day, site_scope, source, visitor])? == 1;
+                page_ever = insert_reach.execute(params![site, source, visitor, page])? == 1;
+                site_ever = site_day
+                    && page_ever
+                    && !reached_elsewhere.query_row(params![site, source, visitor, page], |r| {
+                        r.get::<_, bool>(0)
+                    })?;
             }
+            bump(page, day, page_day);
+            bump(page, ALL_TIME, page_ever);
+            bump(site_scope, day, site_day);
+            bump(site_scope, ALL_TIME, site_ever);
         }
         let mut bump_counter = tx.prepare_cached(
-            "INSERT INTO counters (site, source, page, day, views, visitors) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (site, source, page, day) \
+            "INSERT INTO counters (scope, source, day, views, visitors) \
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (scope, source, day) \
              DO UPDATE SET views = views + excluded.views, visitors = visitors + excluded.visitors",
         )?;
-        for ((site, source, page, day), (views, visitors)) in deltas {
-            bump_counter.execute(params![site, source, page, day, views, visitors])?;
+        for ((scope, source, day), (views, visitors)) in deltas {
+            bump_counter.execute(params![scope, source, day, views, visitors])?;
         }
     }
+    let pending = resolver.into_pending();
+    // Last check before acknowledging: is this still the file everyone will open?
+    guard.check_file()?;
     tx.commit()?;
+    ids.absorb(pending);
     for key in written {
         seen.insert(key);
     }

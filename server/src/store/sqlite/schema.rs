@@ -1,0 +1,234 @@
+//! The schema (version 2, in `PRAGMA user_version`) and the migration from version 1.
+//!
+//! Contract: [`prepare`] leaves the file at version 2 or fails having changed nothing. A fresh
+//! file gets the v2 tables; a v1 file (the text-keyed schema of the first release, which never
+//! set `user_version`) is rewritten in ONE transaction with every site, salt, base, counter,
+//! visitor set, custom-event counter, raw event and prune marker preserved, checked by row
+//! counts before the old tables are dropped. A newer version is refused.
+//!
+//! Version 2 keys every growing table by small integers: sites and pages are interned once
+//! (`site_keys`, `pages`; ids are never deleted nor reused), days are days since 1970-01-01
+//! ([`ALL_TIME`] = -1 for all-time rows), so no row repeats a site name, page path or date.
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+
+use super::StoreError;
+
+/// The schema version this code reads and writes.
+pub(super) const VERSION: i64 = 2;
+
+/// `day` of all-time rows (real days are days since 1970-01-01, never negative).
+pub(super) const ALL_TIME: i64 = -1;
+
+/// The v2 tables (the `sites` table is the v1 one plus `ingest_key`).
+pub(super) const SCHEMA_V2: &str = r"
+CREATE TABLE IF NOT EXISTS sites (
+    id TEXT PRIMARY KEY,
+    origins TEXT NOT NULL,
+    timezone TEXT NOT NULL,
+    public INTEGER NOT NULL,
+    ingest_key TEXT
+);
+-- Every site name ever counted, configured or not, as a small integer.
+CREATE TABLE IF NOT EXISTS site_keys (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+-- Scopes of counters and visitor sets: path '' = the whole site, '(other)' = the pages beyond
+-- the daily page cap, else a page path.
+CREATE TABLE IF NOT EXISTS pages (
+    id INTEGER PRIMARY KEY, site INTEGER NOT NULL, path TEXT NOT NULL, UNIQUE (site, path)
+);
+-- Pages created per site and local day, for the page cap.
+CREATE TABLE IF NOT EXISTS page_quota (
+    site INTEGER NOT NULL, day INTEGER NOT NULL, created INTEGER NOT NULL,
+    PRIMARY KEY (site, day)
+) WITHOUT ROWID;
+-- Raw events; `page` is the scope the view was counted under (the page, or '(other)').
+CREATE TABLE IF NOT EXISTS events (
+    event_id BLOB PRIMARY KEY,
+    site INTEGER NOT NULL,
+    source INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    page INTEGER NOT NULL,
+    name TEXT,
+    dedupe TEXT,
+    visitor BLOB NOT NULL,
+    at_ms INTEGER NOT NULL,
+    day INTEGER NOT NULL,
+    referrer TEXT
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS events_dedupe ON events (site, name, dedupe) WHERE dedupe IS NOT NULL;
+-- Per-day visitor sets of every scope; day first, so today's rows are one region of the
+-- b-tree and pruning old days is a range at its start.
+CREATE TABLE IF NOT EXISTS visits (
+    day INTEGER NOT NULL, scope INTEGER NOT NULL, source INTEGER NOT NULL, visitor BLOB NOT NULL,
+    PRIMARY KEY (day, scope, source, visitor)
+) WITHOUT ROWID;
+-- All-time visitor sets: (site, source, visitor, page) is the page's set, and its prefix
+-- (site, source, visitor) is the whole site's.
+CREATE TABLE IF NOT EXISTS reach (
+    site INTEGER NOT NULL, source INTEGER NOT NULL, visitor BLOB NOT NULL, page INTEGER NOT NULL,
+    PRIMARY KEY (site, source, visitor, page)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (
+    scope INTEGER NOT NULL, source INTEGER NOT NULL, day INTEGER NOT NULL,
+    views INTEGER NOT NULL, visitors INTEGER NOT NULL,
+    PRIMARY KEY (scope, source, day)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS event_counters (
+    site INTEGER NOT NULL, name TEXT NOT NULL, day INTEGER NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (site, name, day)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS bases (
+    scope INTEGER PRIMARY KEY, views INTEGER NOT NULL, visitors INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS salts (day INTEGER PRIMARY KEY, salt BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+";
+
+/// A v1 day text (`2026-04-01`, or `*` for all time) as a v2 day number.
+const DAY: &str = "CASE WHEN {d} = '*' THEN -1 ELSE unixepoch({d}) / 86400 END";
+
+fn day(column: &str) -> String {
+    DAY.replace("{d}", column)
+}
+
+/// Bring the file at `conn` to [`VERSION`].
+pub(super) fn prepare(conn: &mut Connection) -> Result<(), StoreError> {
+    // Decided inside the write transaction, so two stores opening one file at once agree.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    match version {
+        VERSION => return Ok(()),
+        0 => {
+            let v1: Option<String> = tx
+                .query_row(
+                    "SELECT name FROM sqlite_schema WHERE type = 'table' AND name = 'visitors'",
+                    [],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if v1.is_some() {
+                migrate_v1(&tx)?;
+            } else {
+                tx.execute_batch(SCHEMA_V2)?;
+            }
+        }
+        newer => {
+            return Err(StoreError::Invalid(format!(
+                "database schema version {newer} is newer than this tally ({VERSION})"
+            )));
+        }
+    }
+    tx.pragma_update(None, "user_version", VERSION)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// What the migration must carry over, counted in v1 (after the renames) and in v2.
+const V1_ROWS: [&str; 8] = [
+    "SELECT COUNT(*) FROM v1_events",
+    "SELECT COUNT(*) FROM v1_counters",
+    "SELECT COUNT(*) FROM v1_event_counters",
+    "SELECT COUNT(*) FROM v1_bases",
+    "SELECT COUNT(*) FROM v1_salts",
+    "SELECT COUNT(*) FROM sites",
+    "SELECT COUNT(*) FROM v1_visitors WHERE day != '*'",
+    "SELECT COUNT(*) FROM v1_visitors WHERE day = '*' AND page != ''",
+];
+const V2_ROWS: [&str; 8] = [
+    "SELECT COUNT(*) FROM events",
+    "SELECT COUNT(*) FROM counters",
+    "SELECT COUNT(*) FROM event_counters",
+    "SELECT COUNT(*) FROM bases",
+    "SELECT COUNT(*) FROM salts",
+    "SELECT COUNT(*) FROM sites",
+    "SELECT COUNT(*) FROM visits",
+    "SELECT COUNT(*) FROM reach r JOIN pages p ON p.id = r.page WHERE p.path != ''",
+];
+
+fn count_rows(tx: &Connection, queries: &[&str; 8]) -> Result<[i64; 8], StoreError> {
+    let mut out = [0i64; 8];
+    for (slot, sql) in out.iter_mut().zip(queries) {
+        *slot = tx.query_row(sql, [], |r| r.get(0))?;
+    }
+    Ok(out)
+}
+
+/// v1 → v2, inside the caller's transaction.
+fn migrate_v1(tx: &Connection) -> Result<(), StoreError> {
+    tx.execute_batch(
+        "DROP INDEX IF EXISTS events_dedupe;
+         DROP INDEX IF EXISTS events_site_day;
+         ALTER TABLE events RENAME TO v1_events;
+         ALTER TABLE visitors RENAME TO v1_visitors;
+         ALTER TABLE counters RENAME TO v1_counters;
+         ALTER TABLE event_counters RENAME TO v1_event_counters;
+         ALTER TABLE bases RENAME TO v1_bases;
+         ALTER TABLE salts RENAME TO v1_salts;
+         ALTER TABLE sites ADD COLUMN ingest_key TEXT;",
+    )?;
+    let before = count_rows(tx, &V1_ROWS)?;
+    tx.execute_batch(SCHEMA_V2)?;
+    let (c_day, v_day, e_day, ec_day, s_day) = (
+        day("c.day"),
+        day("v.day"),
+        day("e.day"),
+        day("c.day"),
+        day("day"),
+    );
+    tx.execute_batch(&format!(
+        "INSERT INTO site_keys (name)
+             SELECT id FROM sites UNION SELECT site FROM v1_counters
+             UNION SELECT site FROM v1_visitors UNION SELECT site FROM v1_events
+             UNION SELECT site FROM v1_bases UNION SELECT site FROM v1_event_counters ORDER BY 1;
+         INSERT INTO pages (site, path) SELECT id, '' FROM site_keys ORDER BY id;
+         INSERT OR IGNORE INTO pages (site, path)
+             SELECT k.id, x.page FROM (
+                 SELECT site, page FROM v1_counters UNION SELECT site, page FROM v1_visitors
+                 UNION SELECT site, page FROM v1_events UNION SELECT site, page FROM v1_bases
+             ) x JOIN site_keys k ON k.name = x.site ORDER BY 1, 2;
+         INSERT INTO counters (scope, source, day, views, visitors)
+             SELECT p.id, c.source, {c_day}, c.views, c.visitors FROM v1_counters c
+             JOIN site_keys k ON k.name = c.site JOIN pages p ON p.site = k.id AND p.path = c.page;
+         INSERT INTO visits (day, scope, source, visitor)
+             SELECT {v_day}, p.id, v.source, v.visitor FROM v1_visitors v
+             JOIN site_keys k ON k.name = v.site JOIN pages p ON p.site = k.id AND p.path = v.page
+             WHERE v.day != '*';
+         INSERT OR IGNORE INTO reach (site, source, visitor, page)
+             SELECT k.id, v.source, v.visitor, p.id FROM v1_visitors v
+             JOIN site_keys k ON k.name = v.site JOIN pages p ON p.site = k.id AND p.path = v.page
+             WHERE v.day = '*' AND v.page != '';
+         -- A site-wide all-time visitor without any page row (v1 always wrote both, but the
+         -- count must survive either way) is kept as a row under the whole-site scope.
+         INSERT OR IGNORE INTO reach (site, source, visitor, page)
+             SELECT k.id, v.source, v.visitor, p.id FROM v1_visitors v
+             JOIN site_keys k ON k.name = v.site JOIN pages p ON p.site = k.id AND p.path = ''
+             WHERE v.day = '*' AND v.page = '' AND NOT EXISTS (
+                 SELECT 1 FROM reach r WHERE r.site = k.id AND r.source = v.source
+                     AND r.visitor = v.visitor);
+         INSERT INTO events (event_id, site, source, kind, page, name, dedupe, visitor, at_ms,
+                             day, referrer)
+             SELECT e.event_id, k.id, e.source, e.kind, p.id, e.name, e.dedupe, e.visitor,
+                    e.at_ms, {e_day}, e.referrer FROM v1_events e
+             JOIN site_keys k ON k.name = e.site JOIN pages p ON p.site = k.id AND p.path = e.page
+             ORDER BY e.event_id;
+         INSERT INTO event_counters (site, name, day, count)
+             SELECT k.id, c.name, {ec_day}, c.count FROM v1_event_counters c
+             JOIN site_keys k ON k.name = c.site;
+         INSERT INTO bases (scope, views, visitors)
+             SELECT p.id, b.views, b.visitors FROM v1_bases b
+             JOIN site_keys k ON k.name = b.site JOIN pages p ON p.site = k.id AND p.path = b.page;
+         INSERT INTO salts (day, salt) SELECT {s_day}, salt FROM v1_salts;"
+    ))?;
+    let after = count_rows(tx, &V2_ROWS)?;
+    if before != after {
+        return Err(StoreError::Invalid(format!(
+            "migration to schema v2 would lose rows ({V2_ROWS:?}: {before:?} before, \
+             {after:?} after); nothing changed"
+        )));
+    }
+    tx.execute_batch(
+        "DROP TABLE v1_events; DROP TABLE v1_visitors; DROP TABLE v1_counters;
+         DROP TABLE v1_event_counters; DROP TABLE v1_bases; DROP TABLE v1_salts;",
+    )?;
+    Ok(())
+}
