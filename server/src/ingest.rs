@@ -155,7 +155,11 @@ async fn writer(
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, records = size, "commit failed; batch not counted");
+                if matches!(e, StoreError::DiskFull { .. }) {
+                    tracing::warn!(error = %e, records = size, "batch refused; not counted");
+                } else {
+                    tracing::error!(error = %e, records = size, "commit failed; batch not counted");
+                }
                 let e = Arc::new(e);
                 for (reply, _) in replies {
                     let _ = reply.send(Err(IngestError::Store(Arc::clone(&e))));

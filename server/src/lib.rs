@@ -34,7 +34,8 @@ use crate::store::{Retention, Store};
 pub fn open_store(config: &ServeConfig) -> anyhow::Result<Arc<dyn Store>> {
     let options = StoreOptions {
         sync: config.sync,
-        ..Default::default()
+        min_free_bytes: config.min_free_bytes,
+        max_new_pages_per_day: config.max_new_pages_per_day,
     };
     let store = SqliteStore::open(&config.db, options)
         .map_err(|e| anyhow::anyhow!("cannot open database {}: {e}", config.db.display()))?;
@@ -53,14 +54,16 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let (ingest, writer) = Ingest::start(Arc::clone(&store), config.ingest, Arc::clone(&metrics));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let pruner = (config.retention_days > 0).then(|| {
-        tokio::spawn(prune_loop(
-            Arc::clone(&store),
-            Arc::clone(&clock),
-            config.retention_days,
-            stop_rx,
-        ))
-    });
+    let pruner = tokio::spawn(prune_loop(
+        Arc::clone(&store),
+        Arc::clone(&clock),
+        Retention {
+            raw_days: config.retention_days,
+            visitor_days: config.visitor_days,
+            page_days: config.page_days,
+        },
+        stop_rx,
+    ));
     let state = AppState::new(store, ingest, clock, config, metrics);
     let app = http::app(state).into_make_service_with_connect_info::<SocketAddr>();
     let served = axum::serve(listener, app)
@@ -68,29 +71,30 @@ pub async fn run(
         .await;
     // The router (and with it every queue sender) is dropped now: the writer drains and stops.
     let _ = stop_tx.send(true);
-    if let Some(pruner) = pruner {
-        let _ = pruner.await;
-    }
+    let _ = pruner.await;
     writer.await?;
     served?;
     Ok(())
 }
 
+/// Apply the retention policy now and every hour (salts older than two days go too, so the
+/// loop always runs).
 async fn prune_loop(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    retention_days: u32,
+    policy: Retention,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
-        let policy = Retention {
-            raw_days: retention_days,
-            visitor_days: 0,
-            page_days: 0,
-        };
         match store.prune(policy, clock.now()).await {
-            Ok(r) if r.events == 0 => {}
-            Ok(r) => tracing::info!(deleted = r.events, "pruned raw events past retention"),
+            Ok(r) if r == Default::default() => {}
+            Ok(r) => tracing::info!(
+                events = r.events,
+                visitor_rows = r.visitor_rows,
+                counter_rows = r.counter_rows,
+                salts = r.salts,
+                "pruned past retention"
+            ),
             Err(e) => tracing::warn!(error = %e, "pruning failed; will retry"),
         }
         tokio::select! {

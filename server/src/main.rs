@@ -60,6 +60,15 @@ enum SiteCommand {
     },
     /// List sites.
     List,
+    /// Print the site's ingest key (creating one if it has none), or replace it with --rotate.
+    /// Server-side senders send it as `Authorization: Bearer <key>` and are exempt from the
+    /// per-address limits.
+    Key {
+        id: String,
+        /// Replace the key with a new one (the old one stops working within 5 s).
+        #[arg(long)]
+        rotate: bool,
+    },
     /// Remove a site's configuration (its counts stay in the database).
     Remove { id: String },
     /// Carry numbers over from a counter that shut down (busuanzi, hit counters): added to
@@ -162,6 +171,28 @@ async fn site(cmd: SiteCommand, store: &dyn tally::store::Store) -> anyhow::Resu
                     s.origins.join(",")
                 );
             }
+        }
+        SiteCommand::Key { id, rotate } => {
+            let id = SiteId::parse(&id).map_err(|e| anyhow::anyhow!("{id:?}: {e}"))?;
+            let site = store
+                .get_site(&id)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no site {id}"))?;
+            let key = match site.ingest_key {
+                Some(key) if !rotate => key,
+                _ => {
+                    let key = format!(
+                        "tk_{}",
+                        tally::privacy::random_bytes::<24>()
+                            .iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect::<String>()
+                    );
+                    anyhow::ensure!(store.set_ingest_key(&id, Some(&key)).await?, "no site {id}");
+                    key
+                }
+            };
+            println!("{key}");
         }
         SiteCommand::Remove { id } => {
             let id = SiteId::parse(&id).map_err(|e| anyhow::anyhow!("{id:?}: {e}"))?;

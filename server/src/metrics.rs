@@ -42,6 +42,10 @@ pub struct Metrics {
     pub oldest_pending_seconds: Gauge<f64, AtomicU64>,
     pub commit_seconds: Histogram,
     pub batch_records: Histogram,
+    /// Free bytes on the database's filesystem (set when `/metrics` renders).
+    pub disk_free_bytes: Gauge<i64, AtomicI64>,
+    /// 1 when the storage probe passes (file present, disk above its floor), else 0.
+    pub storage_up: Gauge<i64, AtomicI64>,
 }
 
 impl Default for Metrics {
@@ -98,8 +102,22 @@ impl Metrics {
             "Records per committed batch",
             batch_records.clone(),
         );
+        let disk_free_bytes = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "disk_free_bytes",
+            "Free bytes on the database's filesystem",
+            disk_free_bytes.clone(),
+        );
+        let storage_up = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "storage_up",
+            "1 when the storage probe passes (database file present, disk above the floor)",
+            storage_up.clone(),
+        );
         Self {
             registry,
+            disk_free_bytes,
+            storage_up,
             hits,
             filtered,
             refused,

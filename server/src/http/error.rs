@@ -148,8 +148,21 @@ impl From<HitError> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "store error");
-        ApiError::StorageUnavailable
+        match e {
+            // Expected while the disk is below its floor: a warning, not an error per request.
+            StoreError::DiskFull { free, floor } => {
+                tracing::warn!(
+                    free,
+                    floor,
+                    "disk below its free-space floor; writes refused"
+                );
+                ApiError::DiskFull
+            }
+            e => {
+                tracing::error!(error = %e, "store error");
+                ApiError::StorageUnavailable
+            }
+        }
     }
 }
 
@@ -158,7 +171,10 @@ impl From<IngestError> for ApiError {
         match e {
             IngestError::QueueFull | IngestError::Closed => ApiError::Overloaded,
             // The writer already logged the cause.
-            IngestError::Store(_) => ApiError::StorageUnavailable,
+            IngestError::Store(e) => match *e {
+                StoreError::DiskFull { .. } => ApiError::DiskFull,
+                _ => ApiError::StorageUnavailable,
+            },
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Operations endpoints: `/healthz` (the process answers), `/readyz` (the store answers and
-//! the queue has room), `/metrics` (Prometheus text format).
+//! Operations endpoints: `/healthz` (the process answers), `/readyz` (the storage probe passes
+//! — the database file is the one opened, the disk is above its floor, a read works — and the
+//! queue has room; the body says why not), `/metrics` (Prometheus text format).
 
 use axum::Router;
 use axum::extract::State;
@@ -8,6 +9,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use super::AppState;
+use crate::store::StoreError;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -17,17 +19,42 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let store_ok = state.store.list_sites().await.is_ok();
     let room = state.ingest.depth() < state.config.ingest.capacity;
-    if store_ok && room {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    let probe = state.store.probe().await;
+    state.metrics.storage_up.set(i64::from(probe.is_ok()));
+    match (probe, room) {
+        (Ok(()), true) => (StatusCode::OK, "ready\n".to_owned()),
+        (Ok(()), false) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the ingest queue is full\n".to_owned(),
+        ),
+        (Err(StoreError::DiskFull { free, floor }), _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: free disk space {free} B is below the floor of {floor} B\n"),
+        ),
+        (Err(StoreError::FileLost(_)), _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the database file was moved, replaced or deleted; restore it and restart\n"
+                .to_owned(),
+        ),
+        (Err(e), _) => {
+            tracing::warn!(error = %e, "readiness probe failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: storage is unavailable\n".to_owned(),
+            )
+        }
     }
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     state.metrics.queue_depth.set(state.ingest.depth() as i64);
+    if let Some(free) = state.store.free_bytes() {
+        state
+            .metrics
+            .disk_free_bytes
+            .set(i64::try_from(free).unwrap_or(i64::MAX));
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -490,3 +490,157 @@ async fn below_the_free_disk_floor_writes_are_refused_and_reads_keep_working() {
     assert_eq!(dash.status(), 200, "reads keep working");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_ingest_key_lane_is_exempt_from_address_limits_and_a_wrong_key_is_a_401() {
+    let mut app = spawn_app_with(Options::default()).await;
+    let site = tally::core::ids::SiteId::parse("blog").expect("id");
+    assert!(
+        app.store
+            .set_ingest_key(&site, Some("tk_test_0123456789abcdef"))
+            .await
+            .expect("key")
+    );
+    let now = app.now();
+    let send = |body: Value, key: &'static str| {
+        app.client
+            .post(app.url("/api/v1/events"))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {key}"))
+            .body(body.to_string())
+    };
+    // 500 records (the most a batch holds), twice: far beyond one address's 120 per minute.
+    for _ in 0..2 {
+        let r = send(batch(500, now), "tk_test_0123456789abcdef")
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.expect("json");
+        let accepted = v["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .filter(|r| r["status"] == "accepted")
+            .count();
+        assert_eq!(accepted, 500, "{v}");
+    }
+    let r = send(batch(1, now), "tk_wrong")
+        .send()
+        .await
+        .expect("request");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["results"][0]["error"], "invalid_ingest_key", "{v}");
+    let r = app
+        .client
+        .post(app.url("/api/v1/hit"))
+        .header("content-type", "text/plain")
+        .header("authorization", "Bearer tk_wrong")
+        .body(pageview(&event_id_at(now), None, "/k").to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        r.json::<Value>().await.expect("json")["error"],
+        "invalid_ingest_key"
+    );
+    // The keyed lane spent nothing of the address's own allowance.
+    assert_eq!(post_batch(&app, &batch(120, now)).await.status(), 200);
+    assert_eq!(app.counts("/").await.site.views, 1_120);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_readers_are_bounded_on_a_site_with_100k_pages() {
+    use tally::core::hit::HitKind;
+    use tally::core::ids::{EventId, PagePath, SiteId, VisitorKey};
+    use tally::core::record::{Record, Source};
+    use tally::store::Store;
+    use tally::store::sqlite::{SqliteStore, StoreOptions};
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("tally.sqlite");
+    let now = jiff::Timestamp::now();
+    let today = jiff::tz::TimeZone::UTC.to_datetime(now).date();
+    {
+        let store = SqliteStore::open(
+            &db,
+            StoreOptions {
+                max_new_pages_per_day: 0,
+                ..StoreOptions::default()
+            },
+        )
+        .expect("open");
+        let site = SiteId::parse("big").expect("id");
+        store
+            .put_site(&tally::store::Site {
+                id: site.clone(),
+                origins: vec!["*".into()],
+                zone: tally::core::day::SiteZone::utc(),
+                public: true,
+                ingest_key: None,
+            })
+            .await
+            .expect("site");
+        let records: Vec<Record> = (0..100_000u32)
+            .map(|i| Record {
+                event_id: EventId::new_at(now, {
+                    let mut r = [0u8; 10];
+                    r[..4].copy_from_slice(&i.to_be_bytes());
+                    r
+                }),
+                site: site.clone(),
+                source: Source::Web,
+                kind: HitKind::Pageview,
+                page: PagePath::parse(&format!("/page/{i:06}/{}", "x".repeat(200))).expect("p"),
+                visitor: VisitorKey([(i % 251) as u8; 16]),
+                at_ms: now.as_millisecond(),
+                day: today,
+                referrer: Some(format!("https://ref{}.example/", i % 5000)),
+            })
+            .collect();
+        for chunk in records.chunks(5_000) {
+            store.commit(chunk.to_vec()).await.expect("commit");
+        }
+    }
+    let keep = tempfile::tempdir().expect("keep");
+    let server = Binary::start_on(keep, db, &[]).await;
+    let http = client();
+    let before = server.proc_kib("VmRSS");
+    let answers: Vec<(u16, Option<String>)> = futures_util::future::join_all((0..64).map(|i| {
+        let path = if i % 2 == 0 {
+            "/api/v1/sites/big/top?range=30d&limit=100"
+        } else {
+            "/dashboard/big?range=365d&limit=100"
+        };
+        let req = http.get(server.url(path));
+        async move {
+            let r = req.send().await.expect("request");
+            let retry = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap_or_default().to_owned());
+            (r.status().as_u16(), retry)
+        }
+    }))
+    .await;
+    let peak = server.proc_kib("VmHWM");
+    for (status, retry) in &answers {
+        match status {
+            200 => {}
+            503 => assert_eq!(retry.as_deref(), Some("1"), "busy answers say when"),
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(answers.iter().any(|(s, _)| *s == 200));
+    let grown_mib = peak.saturating_sub(before) / 1024;
+    println!(
+        "64 concurrent stats reads over 100,000 pages: {} ok, {} busy, RSS +{grown_mib} MiB (peak {} MiB)",
+        answers.iter().filter(|(s, _)| *s == 200).count(),
+        answers.iter().filter(|(s, _)| *s == 503).count(),
+        peak / 1024
+    );
+    // Before: 6.0 GB peak for 64 readers of 300,000 pages. The budget: 200 MB in all.
+    assert!(peak / 1024 <= 200, "peak RSS {} MiB", peak / 1024);
+    server.stop().await;
+}

@@ -186,3 +186,28 @@ async fn site_commands_and_verify_exit_codes() {
     let (ok, text) = run(&mut with_db(&["site", "remove", "blog"])).await;
     assert!(!ok && text.contains("no site"), "{text}");
 }
+
+#[tokio::test]
+async fn site_key_prints_the_same_key_until_rotated_and_site_add_keeps_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("key.sqlite");
+    let with_db = |args: &[&str]| {
+        let mut cmd = tally();
+        cmd.arg("--db").arg(&db).args(args);
+        cmd
+    };
+    let (ok, text) = run(&mut with_db(&["site", "key", "blog"])).await;
+    assert!(!ok && text.contains("no site blog"), "{text}");
+    let add = ["site", "add", "blog", "--origin", "https://blog.example"];
+    assert!(run(&mut with_db(&add)).await.0);
+    let (ok, first) = run(&mut with_db(&["site", "key", "blog"])).await;
+    assert!(ok && first.trim().len() >= 32, "{first}");
+    let (_, again) = run(&mut with_db(&["site", "key", "blog"])).await;
+    assert_eq!(first, again, "printing does not rotate");
+    // Re-adding the site (e.g. to change its origins) keeps the key.
+    assert!(run(&mut with_db(&add)).await.0);
+    let (_, kept) = run(&mut with_db(&["site", "key", "blog"])).await;
+    assert_eq!(first, kept);
+    let (ok, rotated) = run(&mut with_db(&["site", "key", "blog", "--rotate"])).await;
+    assert!(ok && rotated != first, "{rotated}");
+}
