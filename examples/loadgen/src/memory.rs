@@ -37,7 +37,7 @@ const BATCH: u64 = 500;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 pub async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
-    let dir = server::tempdir()?;
+    let dir = server::TempDir::new()?;
     let db = dir.join("memory.sqlite");
     let tally =
         server::spawn_tally(&args.tally, &db, &args.tally_args, &dir.join("tally.log")).await?;
@@ -110,7 +110,6 @@ pub async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
         String::from_utf8_lossy(&answer.body).into_owned()
     };
     tally.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
     println!(
         "sent {visitors} distinct visitors in {:.1} s ({:.0} hits/s, batches of {BATCH})",
         elapsed.as_secs_f64(),

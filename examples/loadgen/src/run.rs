@@ -44,7 +44,7 @@ const WARM_UP: Duration = Duration::from_millis(500);
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let duration = Duration::from_secs(args.duration);
-    let dir = server::tempdir()?;
+    let dir = server::TempDir::new()?;
     let drive = |addr, salt| Drive {
         addr,
         connections: args.connections,
@@ -67,7 +67,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let tail = tally.log_tail(10);
     let clean = tally.stop().await?;
     let size = DbSize::of(&db);
-    let _ = std::fs::remove_dir_all(&dir);
 
     println!(
         "load: {} connections from {:?} source, {} s each, tally args {:?}",
@@ -87,7 +86,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         ),
     }
     println!(
-        "{:<10} {:>12} {:>10} {:>10} {:>8}",
+        "{:<14} {:>12} {:>10} {:>10} {:>8}",
         "server", "hits/s", "p50 ms", "p99 ms", "errors"
     );
     for (name, s) in [("baseline", &base), ("tally", &t)] {
@@ -126,7 +125,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 pub fn print_row(name: &str, s: &Stats) {
     let detail = s.error_detail();
     println!(
-        "{name:<10} {:>12.0} {:>10.2} {:>10.2} {:>8}{}",
+        "{name:<14} {:>12.0} {:>10.2} {:>10.2} {:>8}{}",
         s.rate(),
         s.pct(0.5),
         s.pct(0.99),

@@ -168,11 +168,26 @@ impl DbSize {
     }
 }
 
-/// A fresh temporary directory for one run's database and log.
-pub fn tempdir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("tally-bench-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+/// A fresh temporary directory for one run's database and log, removed when dropped (also on
+/// error and Ctrl-C).
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("tally-bench-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 pub fn mb(bytes: u64) -> f64 {

@@ -109,7 +109,7 @@ async fn sample_until(db: &Path, server: &server::Server, deadline: Instant) -> 
 pub async fn abuse(args: AbuseArgs) -> anyhow::Result<()> {
     let duration = Duration::from_secs(args.duration);
     let load_before = load_average();
-    let dir = server::tempdir()?;
+    let dir = server::TempDir::new()?;
     let db = dir.join("abuse.sqlite");
     let mut server =
         server::spawn_tally(&args.tally, &db, &args.tally_args, &dir.join("tally.log")).await?;
@@ -186,7 +186,6 @@ pub async fn abuse(args: AbuseArgs) -> anyhow::Result<()> {
     let exited = server.exited();
     let tail = server.log_tail(15);
     server.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
 
     let report = Report {
         args: &args,
