@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::drive::{Drive, LegitSource, Stats};
 use crate::mix::{MixArgs, MixKind, Plan};
-use crate::server::{self, DbSize, mb};
+use crate::server::{self, DbSize, load_average, mb};
 
 /// Options of `run`.
 #[derive(Debug, clap::Args)]
@@ -44,6 +44,7 @@ const WARM_UP: Duration = Duration::from_millis(500);
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let duration = Duration::from_secs(args.duration);
+    let load_before = load_average();
     let dir = server::TempDir::new()?;
     let drive = |addr, salt| Drive {
         addr,
@@ -69,8 +70,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let size = DbSize::of(&db);
 
     println!(
-        "load: {} connections from {:?} source, {} s each, tally args {:?}",
-        args.connections, args.legit_source, args.duration, args.tally_args
+        "load: {} connections from {:?} source, {} s each, tally args {:?}; host: {} cores, \
+         load average {load_before} before, {} after",
+        args.connections,
+        args.legit_source,
+        args.duration,
+        args.tally_args,
+        std::thread::available_parallelism().map_or(0, usize::from),
+        load_average()
     );
     match args.mix.mix {
         MixKind::Realistic => println!(

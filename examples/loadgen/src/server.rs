@@ -193,3 +193,11 @@ impl Drop for TempDir {
 pub fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1_048_576.0
 }
+
+/// The host's 1-minute load average (other work on the host skews every figure).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}

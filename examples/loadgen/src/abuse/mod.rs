@@ -27,7 +27,7 @@ use anyhow::bail;
 use crate::drive::{Drive, LegitSource, Stats};
 use crate::mix::{MixArgs, Plan};
 use crate::run::print_row;
-use crate::server::{self, DbSize, mb};
+use crate::server::{self, DbSize, load_average, mb};
 use attack::{Kind, Payloads, Tally};
 
 /// Options of `abuse`.
@@ -231,13 +231,6 @@ struct Report<'a> {
     cut: usize,
     /// The host's 1-minute load average before and after (other work skews the figures).
     load: [String; 2],
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
 }
 
 impl Report<'_> {
