@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Load benchmark: tally vs a do-nothing baseline, then peak RSS with 1M distinct visitors.
-#   scripts/bench-load.sh [seconds-per-server] [-- extra loadgen run args]
+# Load benchmark: tally vs a do-nothing baseline (realistic mix), then peak RSS with 1M
+# distinct visitors.
+#   scripts/bench-load.sh [seconds-per-server] [-- extra loadgen run args, e.g. --mix cache]
+# TALLY_ARGS replaces the serve flags (besides --listen/--db) of every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
+shift $(( $# > 0 ? 1 : 0 ))
+[[ ${1:-} == -- ]] && shift
+args=${TALLY_ARGS:---auto-sites --rate-limit-per-minute 0}
 cargo build --release -q -p tally -p tally-loadgen
 # Default durability (synchronous=FULL: an fsync per commit), then crash-only durability.
-target/release/tally-loadgen run --duration "$secs" --connections 64 --duplicates 25 "${@:2}"
+target/release/tally-loadgen run --duration "$secs" --connections 64 --duplicates 25 \
+  --tally-args="$args" "$@"
 if [[ -z ${SKIP_NORMAL:-} ]]; then
-  target/release/tally-loadgen run --duration "$secs" --connections 64 --duplicates 25 --tally-args="--sync normal"
+  target/release/tally-loadgen run --duration "$secs" --connections 64 --duplicates 25 \
+    --tally-args="$args --sync normal" "$@"
 fi
 if [[ -z ${SKIP_MEMORY:-} ]]; then
-  target/release/tally-loadgen memory --visitors "${VISITORS:-1000000}"
+  target/release/tally-loadgen memory --visitors "${VISITORS:-1000000}" --tally-args="$args"
 fi

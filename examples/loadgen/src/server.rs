@@ -1,0 +1,203 @@
+//! The servers under test as child processes: `tally serve` on a fresh SQLite file and the
+//! do-nothing baseline. A [`Server`] is killed when dropped (error paths, Ctrl-C), stopped with
+//! SIGTERM (so tally commits its queue and closes the database) by [`Server::stop`], and
+//! observed from outside: peak and current RSS from `/proc/<pid>/status`, database bytes from
+//! the file sizes.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// How long a server may take to print its address, and to stop after SIGTERM.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A running server process.
+pub struct Server {
+    child: Child,
+    pub addr: SocketAddr,
+    pub pid: u32,
+    /// Where its stderr goes (tally's log), when kept.
+    pub log: Option<PathBuf>,
+}
+
+/// Start `tally serve --listen 127.0.0.1:0 --db <db> <extra…>`; its log goes to `log`.
+/// `extra` is split on whitespace (the `--tally-args` of every mode).
+pub async fn spawn_tally(
+    tally: &Path,
+    db: &Path,
+    extra: &str,
+    log: &Path,
+) -> anyhow::Result<Server> {
+    if !tally.exists() {
+        bail!(
+            "{} not found: run `cargo build --release -p tally` first",
+            tally.display()
+        );
+    }
+    let mut cmd = Command::new(tally);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(db);
+    cmd.args(extra.split_whitespace());
+    cmd.env("TALLY_LOG", "warn");
+    let stderr = std::fs::File::create(log).context("server log")?;
+    cmd.stderr(Stdio::from(stderr));
+    spawn(cmd, Some(log.to_owned())).await
+}
+
+/// Start this program's `baseline` subcommand.
+pub async fn spawn_baseline() -> anyhow::Result<Server> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("baseline").stderr(Stdio::null());
+    spawn(cmd, None).await
+}
+
+/// Start a process and read its address from its first line, `listening on http://ADDR`.
+async fn spawn(mut cmd: Command, log: Option<PathBuf>) -> anyhow::Result<Server> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().context("no pid")?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(START_TIMEOUT, lines.next_line())
+        .await
+        .context("server did not start in time")??
+        .context("server exited before listening")?;
+    let addr = line
+        .strip_prefix("listening on http://")
+        .with_context(|| format!("unexpected first line {line:?}"))?
+        .parse()?;
+    // Keep reading so a later line never meets a closed pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(Server {
+        child,
+        addr,
+        pid,
+        log,
+    })
+}
+
+impl Server {
+    /// The exit status if the process has ended.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Peak resident set (VmHWM) in MB.
+    pub fn peak_rss_mb(&self) -> anyhow::Result<f64> {
+        status_kb(self.pid, "VmHWM:").map(|kb| kb / 1024.0)
+    }
+
+    /// Current resident set (VmRSS) in MB.
+    pub fn rss_mb(&self) -> anyhow::Result<f64> {
+        status_kb(self.pid, "VmRSS:").map(|kb| kb / 1024.0)
+    }
+
+    /// SIGTERM, then wait (SIGKILL after [`STOP_TIMEOUT`]). Returns whether it stopped by itself.
+    pub async fn stop(mut self) -> anyhow::Result<bool> {
+        if self.exited().is_some() {
+            return Ok(true);
+        }
+        let sent = tokio::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status()
+            .await
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if sent && let Ok(status) = tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await {
+            return Ok(status?.success());
+        }
+        self.child.kill().await?;
+        Ok(false)
+    }
+
+    /// The last `n` lines of the server's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let Some(text) = self
+            .log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+        else {
+            return String::new();
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+fn status_kb(pid: u32, field: &str) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .with_context(|| format!("no {field}"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()?)
+}
+
+/// Bytes of a SQLite database on disk: the main file and its write-ahead log.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DbSize {
+    pub file: u64,
+    pub wal: u64,
+}
+
+impl DbSize {
+    pub fn of(db: &Path) -> Self {
+        let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        let mut wal = db.as_os_str().to_owned();
+        wal.push("-wal");
+        Self {
+            file: len(db),
+            wal: len(Path::new(&wal)),
+        }
+    }
+
+    pub fn total(self) -> u64 {
+        self.file + self.wal
+    }
+}
+
+/// A fresh temporary directory for one run's database and log, removed when dropped (also on
+/// error and Ctrl-C).
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("tally-bench-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1_048_576.0
+}
+
+/// The host's 1-minute load average (other work on the host skews every figure).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
