@@ -27,7 +27,7 @@ pub struct MemoryArgs {
     /// Arguments for `tally serve` besides --listen and --db.
     #[arg(
         long,
-        default_value = "--auto-sites --rate-limit-per-minute 0",
+        default_value = "--auto-sites --rate-limit-per-minute 0 --address-limit-per-minute 0 --new-sites-per-hour 0",
         allow_hyphen_values = true
     )]
     pub tally_args: String,

@@ -32,7 +32,7 @@ pub struct RunArgs {
     /// by default, hence no per-source limit.
     #[arg(
         long,
-        default_value = "--auto-sites --rate-limit-per-minute 0",
+        default_value = "--auto-sites --rate-limit-per-minute 0 --address-limit-per-minute 0 --new-sites-per-hour 0",
         allow_hyphen_values = true
     )]
     pub tally_args: String,
