@@ -220,9 +220,17 @@ impl EventName {
     }
 }
 
-/// A dedupe key of a custom event: 1–128 printable characters.
+/// A dedupe key of a custom event: 1–128 printable characters as sent, or a key scoped to one
+/// visitor ([`DedupeKey::scoped_to`]).
+///
+/// Invariant: a scoped key starts with a control character, which [`DedupeKey::parse`] never
+/// accepts, so no key anyone can send equals a scoped key: an anonymous sender's `order_1001`
+/// can neither claim the site's real `order_1001` nor another visitor's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DedupeKey(String);
+
+/// The first character of a scoped dedupe key (ASCII unit separator).
+pub const SCOPED_DEDUPE_PREFIX: char = '\u{1f}';
 
 impl DedupeKey {
     /// Parse a dedupe key.
@@ -237,6 +245,21 @@ impl DedupeKey {
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// This key as sent by `visitor` only: a control character and 32 hex digits of a hash of
+    /// the visitor key and the key, so the same key from another visitor is another key.
+    pub fn scoped_to(&self, visitor: &VisitorKey) -> Self {
+        let mut h = blake3::Hasher::new_derive_key("tally 2026-12 visitor-scoped dedupe key v1");
+        h.update(&visitor.0);
+        h.update(self.0.as_bytes());
+        let hex = h.finalize().to_hex();
+        Self(format!("{SCOPED_DEDUPE_PREFIX}{}", &hex[..32]))
+    }
+
+    /// Whether this key is scoped to a visitor.
+    pub fn is_scoped(&self) -> bool {
+        self.0.starts_with(SCOPED_DEDUPE_PREFIX)
     }
 }
 
@@ -318,6 +341,17 @@ mod tests {
         #[test]
         fn url_parse_never_panics(raw in ".{0,200}") {
             let _ = PagePath::from_url(&raw);
+        }
+
+        #[test]
+        fn no_sent_dedupe_key_equals_a_scoped_one(raw in "\\PC{1,128}", v in any::<[u8; 16]>()) {
+            if let Ok(key) = DedupeKey::parse(&raw) {
+                let scoped = key.scoped_to(&VisitorKey(v));
+                prop_assert!(scoped.is_scoped() && !key.is_scoped());
+                prop_assert!(DedupeKey::parse(scoped.as_str()).is_err());
+                prop_assert_ne!(scoped.clone(), key.scoped_to(&VisitorKey([!v[0]; 16])));
+                prop_assert_eq!(scoped, key.scoped_to(&VisitorKey(v)));
+            }
         }
 
         #[test]

@@ -9,6 +9,11 @@
 //! the sender's address limits (429 with `Retry-After`, or 400 `batch_over_allowance` when no
 //! wait could help) → bot filter (`filtered`, not counted) → visitor key (client id, or a keyed
 //! hash of the source) → [`Record`] with its local day → ingest queue → commit → outcome.
+//!
+//! Dedupe keys of custom events: a sender with the site's ingest key sets site-wide keys (the
+//! shop's server says `order_1001` once for the whole site); any other sender's key is scoped
+//! to its visitor ([`DedupeKey::scoped_to`]), so an anonymous client cannot pre-claim a key. A
+//! wrong ingest key is a throttled guess (see `http::auth`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +34,7 @@ use tally_wire::{
 use super::error::json_error;
 use super::{ApiError, AppState, MAX_USER_AGENT_BYTES, check_content_type, origin, read_body};
 use crate::core::hit::{HitKind, ValidHit};
-use crate::core::ids::{PagePath, SiteId};
+use crate::core::ids::{DedupeKey, PagePath, SiteId};
 use crate::core::net::ClientNet;
 use crate::core::record::{Outcome, Record, Source};
 use crate::limits::{Lane, Refusal};
@@ -126,6 +131,9 @@ async fn check(
         .await?;
     let keyed = sender.has_key_of(&site);
     if sender.bearer.is_some() && !keyed {
+        state
+            .auth
+            .failed_guess(sender.net, now.as_microsecond());
         return Err(ApiError::InvalidIngestKey {
             site: site.id.to_string(),
         });
@@ -139,7 +147,7 @@ async fn prepare(
     checked: Checked,
     sender: &Sender,
 ) -> Result<Prepared, ApiError> {
-    let Checked { valid, site, .. } = checked;
+    let Checked { valid, site, keyed } = checked;
     if let Some(reason) = filter_reason(state, sender) {
         state
             .metrics
@@ -159,13 +167,24 @@ async fn prepare(
                 .await?
         }
     };
+    let kind = match valid.kind {
+        // Only the site's own server sets site-wide keys; anyone else's are their visitor's.
+        HitKind::Event {
+            name,
+            dedupe: Some(key),
+        } if !keyed => HitKind::Event {
+            name,
+            dedupe: Some(DedupeKey::scoped_to(&key, &visitor)),
+        },
+        kind => kind,
+    };
     let at = valid.event_id.time();
     let record = Record {
         event_id: valid.event_id,
         day: site.zone.day_of(at),
         site: valid.site,
         source: Source::Web,
-        kind: valid.kind,
+        kind,
         page: valid.page,
         visitor,
         at_ms: at.as_millisecond(),
@@ -258,6 +277,14 @@ fn precheck(
             .limits
             .has_room(Lane::Direct, sender.net, now)
             .map_err(refused)?;
+    } else {
+        // A key guesser that used up its wrong guesses is refused before its key is compared.
+        state
+            .auth
+            .before_guess(sender.net, now.as_microsecond())
+            .map_err(|t| ApiError::RateLimited {
+                retry_after: t.retry_after,
+            })?;
     }
     Ok(())
 }

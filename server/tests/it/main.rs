@@ -3,6 +3,7 @@
 mod attack;
 mod bad_input;
 mod badge;
+mod bots;
 mod cli;
 mod concurrency;
 mod crash;
