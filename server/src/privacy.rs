@@ -99,3 +99,38 @@ impl SourceHasher {
         Ok(VisitorKey(key))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::{SqliteStore, SyncMode};
+
+    #[tokio::test]
+    async fn the_salt_alone_does_not_give_the_hash() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::open(&dir.path().join("t.sqlite"), SyncMode::default()).expect("store"),
+        );
+        let day: Date = "2026-05-10".parse().expect("day");
+        let site = SiteId::parse("blog").expect("site");
+        let ip: IpAddr = "203.0.113.7".parse().expect("ip");
+        let a = SourceHasher::new(Arc::clone(&store), ServerSecret::from_bytes([1; 32]));
+        let b = SourceHasher::new(Arc::clone(&store), ServerSecret::from_bytes([2; 32]));
+        let key_a = a.source_key(day, &site, ip, "ua").await.expect("key");
+        // Same salt (the store's), same secret: the same visitor.
+        assert_eq!(a.source_key(day, &site, ip, "ua").await.expect("key"), key_a);
+        // Another secret over the same stored salt: another key.
+        assert_ne!(b.source_key(day, &site, ip, "ua").await.expect("key"), key_a);
+        // What a reader of the database could compute from the salt alone is not the key.
+        let salt = store.salt_for(day, [0; 32]).await.expect("stored salt");
+        let mut h = blake3::Hasher::new_keyed(&salt);
+        h.update(site.as_str().as_bytes());
+        h.update(&[0]);
+        if let IpAddr::V4(v4) = ip {
+            h.update(&v4.octets());
+        }
+        h.update(&[0]);
+        h.update(b"ua");
+        assert_ne!(&h.finalize().as_bytes()[..16], &key_a.0[..]);
+    }
+}

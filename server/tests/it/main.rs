@@ -11,5 +11,7 @@ mod dashboard;
 mod days;
 mod hits;
 mod overload;
+mod privacy;
 mod store_conformance;
 mod support;
+mod trust;
