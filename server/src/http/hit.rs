@@ -513,3 +513,91 @@ async fn events(
     };
     run.await.map_err(|e| rejected(&state, e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::hit::TimeWindow;
+    use proptest::prelude::*;
+
+    /// Any JSON value, a few levels deep.
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(serde_json::Value::from),
+            ".{0,40}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("site".to_owned()),
+                        Just("type".to_owned()),
+                        Just("event_id".to_owned()),
+                        Just("url".to_owned()),
+                        Just("visitor_id".to_owned()),
+                        Just("referrer".to_owned()),
+                        Just("name".to_owned()),
+                        Just("dedupe".to_owned()),
+                        "[a-z_]{1,8}",
+                    ],
+                    inner,
+                    0..8
+                )
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Parse as the hit endpoint does; every refusal must be a 4xx with a code.
+    fn judge(bytes: &[u8]) -> Result<(), TestCaseError> {
+        let now: jiff::Timestamp = "2026-05-10T12:00:00Z".parse().expect("ts");
+        match parse_body::<Hit>(bytes) {
+            Err(e) => {
+                prop_assert!(e.status().is_client_error(), "{e:?}");
+                prop_assert!(!e.code().is_empty());
+            }
+            Ok(hit) => {
+                if let Err(e) = ValidHit::parse(&hit, now, TimeWindow::default()) {
+                    let api: ApiError = e.into();
+                    prop_assert!(api.status().is_client_error(), "{api:?}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_and_are_refused_with_a_4xx(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            judge(&bytes)?;
+        }
+
+        #[test]
+        fn arbitrary_json_never_panics_and_is_refused_with_a_4xx(value in json_value()) {
+            judge(value.to_string().as_bytes())?;
+        }
+
+        #[test]
+        fn near_valid_hits_never_panic(
+            site in "[a-z0-9._-]{0,70}",
+            kind in prop_oneof![Just("pageview".to_owned()), Just("event".to_owned()), ".{0,8}"],
+            url in prop_oneof![".{0,60}", "https?://[a-z.]{1,20}(:[0-9]{1,6})?/[ -~]{0,60}"],
+            name in proptest::option::of(".{0,80}"),
+            dedupe in proptest::option::of(".{0,140}"),
+            visitor in proptest::option::of("[0-9a-f-]{0,40}"),
+            referrer in proptest::option::of(".{0,80}"),
+            id in "[0-9a-f-]{0,40}",
+        ) {
+            let hit = serde_json::json!({
+                "site": site, "type": kind, "url": url, "name": name, "dedupe": dedupe,
+                "visitor_id": visitor, "referrer": referrer,
+                "event_id": if id.len() == 36 { id } else { "019a0000-0000-7000-8000-000000000000".into() },
+            });
+            judge(hit.to_string().as_bytes())?;
+        }
+    }
+}

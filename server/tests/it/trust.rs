@@ -428,3 +428,84 @@ async fn metrics_can_be_closed_with_a_token() {
     assert!(text.contains("tally_queue_depth"), "{text}");
     app.stop().await;
 }
+
+/// `n` values of `strategy`, the same on every run.
+fn generated<S: proptest::strategy::Strategy>(strategy: S, n: usize) -> Vec<S::Value> {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    (0..n)
+        .map(|_| strategy.new_tree(&mut runner).expect("value").current())
+        .collect()
+}
+
+#[tokio::test]
+async fn generated_badge_parameters_cookies_forwarding_headers_and_bodies_never_get_a_5xx() {
+    use proptest::prelude::*;
+    let mut app = spawn_app_with(Options {
+        configure: |c| {
+            crate::support::unlimited(c);
+            behind_loopback_proxy(c);
+            admin(c);
+        },
+        ..Options::default()
+    })
+    .await;
+    private_site(&app).await;
+    let http = bare_client();
+    let text = || prop_oneof![".{0,30}", "[ -~]{0,30}", Just(String::new())];
+    let queries = generated(
+        proptest::collection::vec(
+            (
+                prop_oneof![
+                    Just("page"),
+                    Just("metric"),
+                    Just("label"),
+                    Just("color"),
+                    Just("style"),
+                    Just("abbreviate"),
+                    Just("count"),
+                    Just("x")
+                ],
+                text(),
+            ),
+            0..5,
+        ),
+        150,
+    );
+    for q in queries {
+        let r = http
+            .get(app.url("/badge/blog.svg"))
+            .query(&q)
+            .send()
+            .await
+            .expect("badge");
+        assert!(r.status().as_u16() < 500, "{q:?}: {}", r.status());
+        if r.status() == 200 {
+            assert!(r.text().await.expect("svg").starts_with("<svg"));
+        }
+    }
+    for (cookie, xff) in generated(("[ -~]{0,120}", "[ -~]{0,80}"), 150) {
+        let mut request = http
+            .get(app.url("/dashboard/secret"))
+            .header("x-forwarded-for", xff.as_str());
+        if let Ok(value) = reqwest::header::HeaderValue::from_str(&format!("tally_admin={cookie}")) {
+            request = request.header("cookie", value);
+        }
+        let status = request.send().await.expect("page").status().as_u16();
+        assert_eq!(status, 401, "cookie {cookie:?}, x-forwarded-for {xff:?}");
+    }
+    for body in generated(proptest::collection::vec(any::<u8>(), 0..200), 100) {
+        for path in ["/api/v1/hit", "/api/v1/events"] {
+            let r = http
+                .post(app.url(path))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .expect("post");
+            assert!(r.status().is_client_error() || r.status() == 200, "{path}: {}", r.status());
+        }
+    }
+    app.assert_no_drift().await;
+    app.stop().await;
+}
