@@ -99,7 +99,10 @@ fn without_lookaround(pattern: &str) -> String {
             continue;
         }
         let rest = &pattern[i..];
-        if ["(?=", "(?!", "(?<=", "(?<!"].iter().any(|l| rest.starts_with(l)) {
+        if ["(?=", "(?!", "(?<=", "(?<!"]
+            .iter()
+            .any(|l| rest.starts_with(l))
+        {
             // Skip to the matching `)`.
             let (mut depth, mut j, mut class) = (0usize, i, false);
             while j < b.len() {
@@ -187,11 +190,7 @@ impl BotList {
         if user_agent.is_empty() {
             return false;
         }
-        if self
-            .plain
-            .iter()
-            .any(|r| r.is_match(user_agent.as_bytes()))
-        {
+        if self.plain.iter().any(|r| r.is_match(user_agent.as_bytes())) {
             return true;
         }
         let Some(prefilter) = &self.prefilter else {
@@ -219,7 +218,10 @@ mod tests {
         assert!(patterns.len() > 100, "{} patterns", patterns.len());
         let list = BotList::bundled();
         assert!(list.skipped().is_empty(), "{:?}", list.skipped());
-        assert_eq!(list.plain.len(), (patterns.len() - list.lookaround.len()).div_ceil(CHUNK));
+        assert_eq!(
+            list.plain.len(),
+            (patterns.len() - list.lookaround.len()).div_ceil(CHUNK)
+        );
     }
 
     #[test]

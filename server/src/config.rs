@@ -310,7 +310,11 @@ fn redact_literals(message: &str) -> String {
             let rest = &out[start + marker.len()..];
             let end = rest.find(", expected").unwrap_or(rest.len());
             let kind = rest[..end].split_whitespace().next().unwrap_or("value");
-            let kind = if kind.chars().all(|c| c.is_ascii_alphabetic()) { kind } else { "value" };
+            let kind = if kind.chars().all(|c| c.is_ascii_alphabetic()) {
+                kind
+            } else {
+                "value"
+            };
             out = format!("{}{marker}{kind}{}", &out[..start], &rest[end..]);
         }
     }
@@ -531,7 +535,7 @@ mod tests {
         for text in [
             format!("admin-token = \"{TOKEN}"),
             format!("admin-token = {TOKEN}"),
-            format!("{TOKEN}"),
+            TOKEN.to_owned(),
             format!("admin-token = [\"{TOKEN}\"]"),
             format!("listen = \"{TOKEN}\""),
             format!("admin-token = \"{TOKEN}\"\nadmin-token = \"{TOKEN}\""),
@@ -548,7 +552,11 @@ mod tests {
 
     #[test]
     fn tokens_are_checked_without_being_echoed() {
-        for token in ["short-token", "non-ascii-tökén-non-ascii", "has blanks in the token"] {
+        for token in [
+            "short-token",
+            "non-ascii-tökén-non-ascii",
+            "has blanks in the token",
+        ] {
             let args = ServeArgs {
                 admin_token: Some(token.into()),
                 ..ServeArgs::default()
@@ -572,7 +580,10 @@ mod tests {
             toml::from_str("trusted-proxies = [\"loopback\", \"203.0.113.0/24\"]").expect("toml");
         let c = ServeConfig::resolve(ServeArgs::default(), None, file).expect("valid");
         assert!(c.trusted_proxies.contains("127.0.0.1".parse().expect("ip")));
-        assert!(c.trusted_proxies.contains("203.0.113.9".parse().expect("ip")));
+        assert!(
+            c.trusted_proxies
+                .contains("203.0.113.9".parse().expect("ip"))
+        );
         assert!(!c.trusted_proxies.contains("10.0.0.1".parse().expect("ip")));
         let args = ServeArgs {
             trust_proxy: Some(true),
@@ -586,8 +597,8 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(ServeConfig::resolve(args, None, FileConfig::default()).is_err());
-        let none = ServeConfig::resolve(ServeArgs::default(), None, FileConfig::default())
-            .expect("valid");
+        let none =
+            ServeConfig::resolve(ServeArgs::default(), None, FileConfig::default()).expect("valid");
         assert!(none.trusted_proxies.is_empty());
     }
 

@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the collector.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage sites.
     #[command(subcommand)]
     Site(SiteCommand),
@@ -96,7 +96,7 @@ fn main() -> anyhow::Result<()> {
         None => FileConfig::default(),
     };
     let args = match &cli.command {
-        Command::Serve(args) => args.clone(),
+        Command::Serve(args) => (**args).clone(),
         _ => ServeArgs::default(),
     };
     let config = ServeConfig::resolve(args, cli.db.clone(), file)?;

@@ -118,9 +118,15 @@ mod tests {
         let b = SourceHasher::new(Arc::clone(&store), ServerSecret::from_bytes([2; 32]));
         let key_a = a.source_key(day, &site, ip, "ua").await.expect("key");
         // Same salt (the store's), same secret: the same visitor.
-        assert_eq!(a.source_key(day, &site, ip, "ua").await.expect("key"), key_a);
+        assert_eq!(
+            a.source_key(day, &site, ip, "ua").await.expect("key"),
+            key_a
+        );
         // Another secret over the same stored salt: another key.
-        assert_ne!(b.source_key(day, &site, ip, "ua").await.expect("key"), key_a);
+        assert_ne!(
+            b.source_key(day, &site, ip, "ua").await.expect("key"),
+            key_a
+        );
         // What a reader of the database could compute from the salt alone is not the key.
         let salt = store.salt_for(day, [0; 32]).await.expect("stored salt");
         let mut h = blake3::Hasher::new_keyed(&salt);

@@ -264,10 +264,7 @@ mod tests {
     #[test]
     fn tokens_are_long_printable_ascii() {
         assert!(check_token(&"abcdefghijklmnop".into()).is_ok());
-        assert_eq!(
-            check_token(&"short".into()),
-            Err(TokenError::TooShort(5))
-        );
+        assert_eq!(check_token(&"short".into()), Err(TokenError::TooShort(5)));
         assert_eq!(
             check_token(&"päßwörd-päßwörd-päßwörd".into()),
             Err(TokenError::NotPrintableAscii)

@@ -450,15 +450,21 @@ mod tests {
         assert!(!t.contains(ip("203.0.113.10")));
         assert!(t.contains(ip("2001:db8:ffff::1")));
         assert!(!t.contains(ip("127.0.0.1")), "loopback is opt-in");
-        assert!(TrustedProxies::parse(["::ffff:10.0.0.0/104"])
-            .expect("mapped")
-            .contains(ip("10.1.2.3")));
+        assert!(
+            TrustedProxies::parse(["::ffff:10.0.0.0/104"])
+                .expect("mapped")
+                .contains(ip("10.1.2.3"))
+        );
         assert_eq!(
             TrustedProxies::parse(["10.0.0.0/33"]),
             Err(ProxyError("10.0.0.0/33".into()))
         );
         assert!(TrustedProxies::parse(["everything"]).is_err());
-        assert!(TrustedProxies::parse(Vec::<&str>::new()).expect("empty").is_empty());
+        assert!(
+            TrustedProxies::parse(Vec::<&str>::new())
+                .expect("empty")
+                .is_empty()
+        );
     }
 
     fn any_ip() -> impl Strategy<Value = IpAddr> {

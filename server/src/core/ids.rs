@@ -163,13 +163,16 @@ pub fn cap_path(path: &str, max: usize) -> &str {
 pub struct PagePath(String);
 
 impl PagePath {
-    /// The page key of an absolute http(s) URL.
+    /// The page key of an absolute http(s) URL. A leading run of slashes is one slash
+    /// (`https://site//a` is `/a`), so every page key is also a valid `page` parameter.
     pub fn from_url(raw: &str) -> Result<(Self, url::Url), IdError> {
         let url = url::Url::parse(raw).map_err(|_| IdError::Url)?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             return Err(IdError::Url);
         }
-        Ok((Self(cap_path(url.path(), MAX_PAGE_BYTES).to_owned()), url))
+        let path = url.path();
+        let path = &path[(path.len() - path.trim_start_matches('/').len()).saturating_sub(1)..];
+        Ok((Self(cap_path(path, MAX_PAGE_BYTES).to_owned()), url))
     }
 
     /// A path as given by a query parameter (`/posts/a`); must start with `/`. It is
@@ -341,6 +344,21 @@ mod tests {
         #[test]
         fn url_parse_never_panics(raw in ".{0,200}") {
             let _ = PagePath::from_url(&raw);
+        }
+
+        #[test]
+        fn page_normalisation_is_a_bounded_fixpoint(
+            path in "(/([ -~]|%[0-9A-Fa-f]{2}|é){0,40}){1,5}",
+            query in "[ -~]{0,20}",
+        ) {
+            let url = format!("https://b.example{path}?{query}");
+            if let Ok((page, _)) = PagePath::from_url(&url) {
+                prop_assert!(page.as_str().starts_with('/'));
+                prop_assert!(page.as_str().len() <= MAX_PAGE_BYTES);
+                prop_assert!(!page.as_str().contains('?') && !page.as_str().contains('#'));
+                // Normalising a normalised page changes nothing.
+                prop_assert_eq!(PagePath::parse(page.as_str()).expect("reparses"), page);
+            }
         }
 
         #[test]

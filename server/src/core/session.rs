@@ -140,8 +140,20 @@ mod tests {
             key().verify(&later, T0 + HOUR, 2 * HOUR, 0),
             Err(SessionError::BadMac)
         );
-        for bad in ["", "v1", "v1..", "v2.1.00", "v1.01.x", "v1.-5.aa", "tally_admin=1"] {
-            assert_eq!(key().verify(bad, T0, HOUR, 0), Err(SessionError::Malformed), "{bad}");
+        for bad in [
+            "",
+            "v1",
+            "v1..",
+            "v2.1.00",
+            "v1.01.x",
+            "v1.-5.aa",
+            "tally_admin=1",
+        ] {
+            assert_eq!(
+                key().verify(bad, T0, HOUR, 0),
+                Err(SessionError::Malformed),
+                "{bad}"
+            );
         }
     }
 

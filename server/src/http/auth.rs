@@ -60,7 +60,9 @@ impl Auth {
     /// Credentials as configured; the session key is derived from the token and `secret`.
     pub fn new(config: &ServeConfig, secret: &ServerSecret) -> Self {
         let session = config.admin_token.as_ref().map(|t| {
-            SessionKey::new(secret.derive_key("tally 2026-12 admin session v1", t.expose().as_bytes()))
+            SessionKey::new(
+                secret.derive_key("tally 2026-12 admin session v1", t.expose().as_bytes()),
+            )
         });
         let quota = Quota::per_minute(FAILURES_PER_MINUTE)
             .unwrap_or_else(|| unreachable!("a non-zero rate"));
@@ -97,7 +99,9 @@ impl Auth {
         match failures.check(self.key(net), 1, now_us) {
             Verdict::Admit { .. } => Ok(()),
             Verdict::Wait { us } => Err(Throttled {
-                retry_after: u64::try_from((us + 999_999) / 1_000_000).unwrap_or(1).max(1),
+                retry_after: u64::try_from((us + 999_999) / 1_000_000)
+                    .unwrap_or(1)
+                    .max(1),
             }),
             Verdict::Never { .. } | Verdict::Full => Err(Throttled { retry_after: 1 }),
         }
@@ -265,7 +269,10 @@ mod tests {
     #[test]
     fn a_login_gives_a_session_that_expires_and_ends_at_logout() {
         let a = auth();
-        let cookie = a.login(TOKEN, net(1), T0).expect("not throttled").expect("right");
+        let cookie = a
+            .login(TOKEN, net(1), T0)
+            .expect("not throttled")
+            .expect("right");
         assert!(!cookie.contains(TOKEN));
         let h = with_cookie(&cookie);
         assert_eq!(a.is_admin(&h, net(1), T0 + 1000), Ok(true));
@@ -278,8 +285,14 @@ mod tests {
         assert!(a.logout(&h, T0 + 2000));
         assert_eq!(a.is_admin(&h, net(1), T0 + 3000), Ok(false));
         // A session made after the logout works, even in the same millisecond.
-        let again = a.login(TOKEN, net(1), T0 + 2000).expect("ok").expect("right");
-        assert_eq!(a.is_admin(&with_cookie(&again), net(1), T0 + 2000), Ok(true));
+        let again = a
+            .login(TOKEN, net(1), T0 + 2000)
+            .expect("ok")
+            .expect("right");
+        assert_eq!(
+            a.is_admin(&with_cookie(&again), net(1), T0 + 2000),
+            Ok(true)
+        );
     }
 
     #[test]
@@ -289,23 +302,36 @@ mod tests {
         let mut config = ServeConfig::for_db("/tmp/unused.sqlite");
         config.admin_token = Some(TOKEN.into());
         let other_secret = Auth::new(&config, &ServerSecret::from_bytes([2; 32]));
-        assert_eq!(other_secret.is_admin(&with_cookie(&cookie), net(1), T0), Ok(false));
+        assert_eq!(
+            other_secret.is_admin(&with_cookie(&cookie), net(1), T0),
+            Ok(false)
+        );
         config.admin_token = Some("another-admin-token-456".into());
         let other_token = Auth::new(&config, &ServerSecret::from_bytes([1; 32]));
-        assert_eq!(other_token.is_admin(&with_cookie(&cookie), net(1), T0), Ok(false));
+        assert_eq!(
+            other_token.is_admin(&with_cookie(&cookie), net(1), T0),
+            Ok(false)
+        );
     }
 
     #[test]
     fn wrong_guesses_are_throttled_per_network() {
         let a = auth();
         for i in 0..FAILURES_PER_MINUTE {
-            assert_eq!(a.login("wrong-guess-0000000", net(1), T0), Ok(None), "guess {i}");
+            assert_eq!(
+                a.login("wrong-guess-0000000", net(1), T0),
+                Ok(None),
+                "guess {i}"
+            );
         }
         // Throttled now, even with the right token: it is not compared.
         let throttled = a.login(TOKEN, net(1), T0).expect_err("throttled");
         assert!((1..=6).contains(&throttled.retry_after), "{throttled:?}");
         assert!(a.is_admin(&with_bearer("wrong"), net(1), T0).is_err());
-        assert!(a.may_read_metrics(&with_bearer("x"), net(1), T0 * 1000).is_err());
+        assert!(
+            a.may_read_metrics(&with_bearer("x"), net(1), T0 * 1000)
+                .is_err()
+        );
         // Other networks are not affected; the network recovers with time.
         assert!(matches!(a.login(TOKEN, net(2), T0), Ok(Some(_))));
         assert!(matches!(a.login(TOKEN, net(1), T0 + 6_000), Ok(Some(_))));
@@ -324,6 +350,9 @@ mod tests {
             Ok(true)
         );
         // The admin token is not the metrics token.
-        assert_eq!(a.may_read_metrics(&with_bearer(TOKEN), net(1), us), Ok(false));
+        assert_eq!(
+            a.may_read_metrics(&with_bearer(TOKEN), net(1), us),
+            Ok(false)
+        );
     }
 }

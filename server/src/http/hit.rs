@@ -131,9 +131,7 @@ async fn check(
         .await?;
     let keyed = sender.has_key_of(&site);
     if sender.bearer.is_some() && !keyed {
-        state
-            .auth
-            .failed_guess(sender.net, now.as_microsecond());
+        state.auth.failed_guess(sender.net, now.as_microsecond());
         return Err(ApiError::InvalidIngestKey {
             site: site.id.to_string(),
         });

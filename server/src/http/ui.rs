@@ -76,7 +76,10 @@ mod tests {
     fn templates_hold_no_inline_script_or_style() {
         for (name, text) in [
             ("layout.html", include_str!("../../templates/layout.html")),
-            ("dashboard.html", include_str!("../../templates/dashboard.html")),
+            (
+                "dashboard.html",
+                include_str!("../../templates/dashboard.html"),
+            ),
             ("login.html", include_str!("../../templates/login.html")),
         ] {
             assert!(!text.contains("<style"), "{name} has a <style> element");
@@ -85,7 +88,10 @@ mod tests {
             let lower = text.to_ascii_lowercase();
             for (i, _) in lower.match_indices(" on") {
                 let rest = &lower[i + 3..];
-                let word = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_alphabetic()).len();
+                let word = rest.len()
+                    - rest
+                        .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                        .len();
                 assert!(
                     !(word > 0 && rest[word..].starts_with('=')),
                     "{name} has an event handler attribute"

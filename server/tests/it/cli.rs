@@ -226,7 +226,10 @@ async fn help_and_config_errors_print_no_secret() {
         std::fs::write(&file, &content).expect("write");
         let (ok, text) = run(tally().arg("--config").arg(&file).arg("serve")).await;
         assert!(!ok, "{content}");
-        assert!(text.contains("invalid config file") && text.contains("line "), "{text}");
+        assert!(
+            text.contains("invalid config file") && text.contains("line "),
+            "{text}"
+        );
         assert!(!text.contains("Hq2"), "the error echoes the file: {text}");
     }
 }

@@ -188,5 +188,8 @@ async fn no_client_address_in_logs_database_or_wal_at_trace_level() {
             "{path} holds the server secret"
         );
     }
-    assert!(!holds(&log_bytes, secret.as_bytes()), "the log holds the secret");
+    assert!(
+        !holds(&log_bytes, secret.as_bytes()),
+        "the log holds the secret"
+    );
 }

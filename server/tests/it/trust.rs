@@ -78,7 +78,12 @@ async fn rfc_7239_forwarded_when_configured() {
     .await;
     let fwd = "forwarded";
     assert_eq!(
-        badge_status(&app, fwd, &["for=6.6.6.6, for=\"203.0.113.7:4711\";proto=https"]).await,
+        badge_status(
+            &app,
+            fwd,
+            &["for=6.6.6.6, for=\"203.0.113.7:4711\";proto=https"]
+        )
+        .await,
         "accepted"
     );
     assert_eq!(
@@ -181,7 +186,10 @@ async fn anonymous_dedupe_keys_are_scoped_to_their_visitor_and_cannot_pre_claim(
         "accepted"
     );
     // The shop's server, with the ingest key, sets the site-wide key: not pre-claimed.
-    let stored = app.store.get_site(&SiteId::parse("blog").expect("id")).await;
+    let stored = app
+        .store
+        .get_site(&SiteId::parse("blog").expect("id"))
+        .await;
     if stored.expect("site").is_none_or(|s| s.ingest_key.is_none()) {
         // Ingest keys are persisted by the store from schema v2 on; until then the keyed half
         // cannot run (the anonymous half above holds regardless).
@@ -221,7 +229,10 @@ async fn one_json_rule_duplicate_keys_are_refused_on_both_endpoints() {
     assert_eq!(r.status(), 400);
     let hit_error: Value = r.json().await.expect("json");
     assert!(
-        hit_error["message"].as_str().unwrap_or_default().contains("duplicate field"),
+        hit_error["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("duplicate field"),
         "{hit_error}"
     );
     let r = app
@@ -358,7 +369,12 @@ async fn wrong_tokens_are_throttled_per_network_then_refused_before_comparison()
         .expect("series");
     assert_eq!(r.status(), 429);
     // So do ingest-key guesses on the counting API.
-    let (status, _) = keyed_status(&app, &pageview(&event_id_at(app.now()), None, "/"), "guess-guess-guess").await;
+    let (status, _) = keyed_status(
+        &app,
+        &pageview(&event_id_at(app.now()), None, "/"),
+        "guess-guess-guess",
+    )
+    .await;
     assert_eq!(status, 429);
     // Another network is not affected.
     let other = reqwest::Client::builder()
@@ -392,7 +408,10 @@ async fn pages_send_csp_and_framing_headers_and_load_only_their_own_files() {
         assert_eq!(h["x-content-type-options"], "nosniff");
         assert_eq!(h["referrer-policy"], "no-referrer");
         let body = r.text().await.expect("html");
-        assert!(!body.contains("<script>") && !body.contains("style="), "{path}");
+        assert!(
+            !body.contains("<script>") && !body.contains("style="),
+            "{path}"
+        );
     }
     for (path, ty) in [
         ("/assets/dashboard.css", "text/css"),
@@ -400,7 +419,12 @@ async fn pages_send_csp_and_framing_headers_and_load_only_their_own_files() {
     ] {
         let r = http.get(app.url(path)).send().await.expect("asset");
         assert_eq!(r.status(), 200);
-        assert!(r.headers()["content-type"].to_str().expect("t").starts_with(ty));
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .expect("t")
+                .starts_with(ty)
+        );
         assert_eq!(r.headers()["x-content-type-options"], "nosniff");
     }
     app.stop().await;
@@ -488,7 +512,8 @@ async fn generated_badge_parameters_cookies_forwarding_headers_and_bodies_never_
         let mut request = http
             .get(app.url("/dashboard/secret"))
             .header("x-forwarded-for", xff.as_str());
-        if let Ok(value) = reqwest::header::HeaderValue::from_str(&format!("tally_admin={cookie}")) {
+        if let Ok(value) = reqwest::header::HeaderValue::from_str(&format!("tally_admin={cookie}"))
+        {
             request = request.header("cookie", value);
         }
         let status = request.send().await.expect("page").status().as_u16();
@@ -503,7 +528,11 @@ async fn generated_badge_parameters_cookies_forwarding_headers_and_bodies_never_
                 .send()
                 .await
                 .expect("post");
-            assert!(r.status().is_client_error() || r.status() == 200, "{path}: {}", r.status());
+            assert!(
+                r.status().is_client_error() || r.status() == 200,
+                "{path}: {}",
+                r.status()
+            );
         }
     }
     app.assert_no_drift().await;
