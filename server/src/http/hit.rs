@@ -91,12 +91,14 @@ impl Sender {
     }
 }
 
-/// Why a record is not counted although it is valid.
+/// Why a record is not counted although it is valid. Known image proxies (GitHub's camo and
+/// the like, which the bot list names) are not bots here: they fetch badges and pixels for
+/// human readers, within their own bounded allowance (see `limits`).
 pub fn filter_reason(state: &AppState, sender: &Sender) -> Option<&'static str> {
     let ua = sender.user_agent.trim();
     if ua.is_empty() {
         Some("empty_user_agent")
-    } else if state.is_bot(ua) {
+    } else if state.is_bot(ua) && !crate::limits::is_image_proxy(ua) {
         Some("bot")
     } else {
         None
