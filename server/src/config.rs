@@ -1,6 +1,8 @@
 //! Configuration: one struct, from flags, `TALLY_*` environment variables and an optional TOML
 //! file, in that order of precedence, over defaults that make `tally serve` alone work.
-//! Secrets (the admin token) are never printed: `Debug` redacts them.
+//! Secrets (the admin and metrics tokens, the server secret) are [`Secret`]s: `Debug`, `--help`
+//! and every error redact them, and an invalid config file's error names the line and column,
+//! never the line's text.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,8 +11,10 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 
+use crate::core::forwarded::{ProxyError, ProxyHeader, TrustedProxies};
 use crate::core::hit::TimeWindow;
 use crate::ingest::IngestConfig;
+use crate::secrets::{Secret, SecretSource, TokenError, check_token};
 use crate::store::sqlite::SyncMode;
 
 /// Options of `tally serve` as given on the command line or in the environment. Every field is
@@ -45,10 +49,31 @@ pub struct ServeArgs {
     /// Days raw events are kept (default 400; 0 = forever); must exceed the accepted window.
     #[arg(long, env = "TALLY_RETENTION_DAYS")]
     pub retention_days: Option<u32>,
-    /// Token for private stats and admin endpoints.
+    /// Token for private stats and admin endpoints: at least 16 printable ASCII characters.
     #[arg(long, env = "TALLY_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
-    /// Take the client address from X-Forwarded-For (only behind a trusted proxy).
+    pub admin_token: Option<Secret>,
+    /// Hours a dashboard sign-in lasts (default 12).
+    #[arg(long, env = "TALLY_SESSION_HOURS")]
+    pub session_hours: Option<u32>,
+    /// Bearer token /metrics requires (at least 16 printable ASCII characters); unset, it is open.
+    #[arg(long, env = "TALLY_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<Secret>,
+    /// File with the server secret mixed into visitor hashes and sessions; created (mode 0600)
+    /// on first start. Default: tally.secret beside the database.
+    #[arg(long, env = "TALLY_SECRET_FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// The server secret itself (at least 32 characters), instead of the file. Prefer the
+    /// environment variable: a flag is visible in the process list.
+    #[arg(long, env = "TALLY_SECRET", hide_env_values = true)]
+    pub secret: Option<Secret>,
+    /// Proxies whose forwarding header is believed, comma-separated: CIDRs, addresses, or the
+    /// presets loopback, private, link-local. The client is the rightmost untrusted hop.
+    #[arg(long, env = "TALLY_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Option<Vec<String>>,
+    /// The header the trusted proxies write: x-forwarded-for (default) or forwarded (RFC 7239).
+    #[arg(long, env = "TALLY_PROXY_HEADER", value_enum)]
+    pub proxy_header: Option<ProxyHeader>,
+    /// Deprecated: the same as --trusted-proxies loopback,private.
     #[arg(long, env = "TALLY_TRUST_PROXY", num_args = 0..=1, default_missing_value = "true")]
     pub trust_proxy: Option<bool>,
     /// Length of the live window in seconds.
@@ -102,8 +127,18 @@ pub struct ServeConfig {
     pub ingest: IngestConfig,
     pub window: TimeWindow,
     pub retention_days: u32,
-    pub admin_token: Option<String>,
-    pub trust_proxy: bool,
+    /// The admin token (checked: ≥ 16 printable ASCII characters).
+    pub admin_token: Option<Secret>,
+    /// How long a dashboard sign-in lasts.
+    pub session_lifetime: Duration,
+    /// The bearer token `/metrics` requires, if any.
+    pub metrics_token: Option<Secret>,
+    /// Where the server secret comes from.
+    pub secret: SecretSource,
+    /// Proxies whose forwarding header is believed (empty: the peer is the client).
+    pub trusted_proxies: TrustedProxies,
+    /// The header those proxies write.
+    pub proxy_header: ProxyHeader,
     pub live_window_secs: u32,
     pub repeat_interval_secs: u32,
     pub rate_limit_per_minute: u32,
@@ -129,11 +164,12 @@ impl std::fmt::Debug for ServeConfig {
             .field("ingest", &self.ingest)
             .field("window", &self.window)
             .field("retention_days", &self.retention_days)
-            .field(
-                "admin_token",
-                &self.admin_token.as_ref().map(|_| "<redacted>"),
-            )
-            .field("trust_proxy", &self.trust_proxy)
+            .field("admin_token", &self.admin_token)
+            .field("session_lifetime", &self.session_lifetime)
+            .field("metrics_token", &self.metrics_token)
+            .field("secret", &self.secret)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .field("proxy_header", &self.proxy_header)
             .field("live_window_secs", &self.live_window_secs)
             .field("repeat_interval_secs", &self.repeat_interval_secs)
             .field("rate_limit_per_minute", &self.rate_limit_per_minute)
@@ -168,11 +204,17 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid config file {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        source: toml::de::Error,
-    },
+    /// The file's text is never part of the message: a line may hold a secret.
+    #[error("invalid config file {path}: {problem}")]
+    Parse { path: PathBuf, problem: String },
+    #[error("admin-token {0}")]
+    AdminToken(TokenError),
+    #[error("metrics-token {0}")]
+    MetricsToken(TokenError),
+    #[error("session-hours must be 1 to 8760")]
+    SessionHours,
+    #[error(transparent)]
+    Proxy(#[from] ProxyError),
     #[error("retention-days ({days}) must be 0 or longer than the accepted window ({hours} h)")]
     Retention { days: u32, hours: u32 },
     #[error("visitor-days ({days}) must be 0 or longer than the accepted window ({hours} h)")]
@@ -205,6 +247,9 @@ pub const DEFAULT_RETENTION_DAYS: u32 = 400;
 pub const DEFAULT_STATS_CONCURRENCY: usize = 4;
 /// Batch requests read and parsed at once by default (each holds up to 4 MiB).
 pub const DEFAULT_BATCH_CONCURRENCY: usize = 8;
+/// Hours a dashboard sign-in lasts by default: a working day, so a cookie that leaks (a shared
+/// computer, a copied browser profile) is worthless by the next morning.
+pub const DEFAULT_SESSION_HOURS: u32 = 12;
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
@@ -215,11 +260,65 @@ impl FileConfig {
             path: path.to_owned(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
-            source,
+            problem: describe_toml_error(&text, &e),
         })
     }
+}
+
+/// Where a TOML error is and what kind it is, without any text of the file (a value may be a
+/// secret): line and column, and the parser's message with every quoted literal removed —
+/// except field names in an unknown-field message, which are keys, not values.
+pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let place = e.span().map(|span| {
+        let before = &text.as_bytes()[..span.start.min(text.len())];
+        let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+        let column = before.iter().rev().take_while(|b| **b != b'\n').count() + 1;
+        format!("line {line}, column {column}: ")
+    });
+    let message = e.message().lines().next().unwrap_or_default();
+    let message = if message.starts_with("unknown field `") {
+        message.to_owned()
+    } else {
+        redact_literals(message)
+    };
+    format!("{}{message}", place.unwrap_or_default())
+}
+
+/// `invalid type: string "abc", expected u32` → `invalid type: string …, expected u32`.
+fn redact_literals(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' | '`' | '\'' => {
+                // Skip to the closing quote of the same kind (or the end).
+                for d in chars.by_ref() {
+                    if d == c {
+                        break;
+                    }
+                }
+                out.push('…');
+            }
+            c => out.push(c),
+        }
+    }
+    // Numbers and other bare values after "invalid type:" / "invalid value:".
+    for marker in ["invalid type: ", "invalid value: "] {
+        if let Some(start) = out.find(marker) {
+            let rest = &out[start + marker.len()..];
+            let end = rest.find(", expected").unwrap_or(rest.len());
+            let kind = rest[..end].split_whitespace().next().unwrap_or("value");
+            let kind = if kind.chars().all(|c| c.is_ascii_alphabetic()) {
+                kind
+            } else {
+                "value"
+            };
+            out = format!("{}{marker}{kind}{}", &out[..start], &rest[end..]);
+        }
+    }
+    out
 }
 
 impl ServeConfig {
@@ -270,12 +369,48 @@ impl ServeConfig {
                 retention_days,
             });
         }
+        let admin_token = args.admin_token.or(f.admin_token).filter(|t| !t.is_empty());
+        if let Some(t) = &admin_token {
+            check_token(t).map_err(ConfigError::AdminToken)?;
+        }
+        let metrics_token = args
+            .metrics_token
+            .or(f.metrics_token)
+            .filter(|t| !t.is_empty());
+        if let Some(t) = &metrics_token {
+            check_token(t).map_err(ConfigError::MetricsToken)?;
+        }
+        let session_hours = args
+            .session_hours
+            .or(f.session_hours)
+            .unwrap_or(DEFAULT_SESSION_HOURS);
+        if !(1..=8760).contains(&session_hours) {
+            return Err(ConfigError::SessionHours);
+        }
+        let mut proxies = args
+            .trusted_proxies
+            .or(f.trusted_proxies)
+            .unwrap_or_default();
+        if args.trust_proxy.or(f.trust_proxy).unwrap_or(false) {
+            tracing::warn!(
+                "trust-proxy is deprecated: it now trusts only loopback and private addresses \
+                 (--trusted-proxies loopback,private); name your proxies with --trusted-proxies"
+            );
+            proxies.extend(["loopback".to_owned(), "private".to_owned()]);
+        }
+        let trusted_proxies = TrustedProxies::parse(proxies.iter().map(String::as_str))?;
+        let db = db.or(file.db).unwrap_or_else(|| PathBuf::from(DEFAULT_DB));
+        let secret = match (args.secret.or(f.secret), args.secret_file.or(f.secret_file)) {
+            (Some(value), _) if !value.is_empty() => SecretSource::Value(value),
+            (_, Some(path)) => SecretSource::File(path),
+            _ => SecretSource::beside(&db),
+        };
         let default_listen: SocketAddr = DEFAULT_LISTEN
             .parse()
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8080)));
         Ok(Self {
             listen: args.listen.or(f.listen).unwrap_or(default_listen),
-            db: db.or(file.db).unwrap_or_else(|| PathBuf::from(DEFAULT_DB)),
+            db,
             auto_sites: args.auto_sites.or(f.auto_sites).unwrap_or(false),
             sync: args.sync.or(f.sync).unwrap_or_default(),
             ingest: IngestConfig {
@@ -292,8 +427,12 @@ impl ServeConfig {
             },
             window,
             retention_days,
-            admin_token: args.admin_token.or(f.admin_token).filter(|t| !t.is_empty()),
-            trust_proxy: args.trust_proxy.or(f.trust_proxy).unwrap_or(false),
+            admin_token,
+            session_lifetime: Duration::from_secs(u64::from(session_hours) * 3600),
+            metrics_token,
+            secret,
+            trusted_proxies,
+            proxy_header: args.proxy_header.or(f.proxy_header).unwrap_or_default(),
             live_window_secs: args.live_window_secs.or(f.live_window_secs).unwrap_or(60),
             repeat_interval_secs: args
                 .repeat_interval_secs
@@ -367,7 +506,7 @@ mod tests {
     #[test]
     fn flags_beat_file_beats_defaults() {
         let file: FileConfig = toml::from_str(
-            "db = \"/data/t.sqlite\"\nauto-sites = true\nbatch-max = 64\nadmin-token = \"s3cret\"",
+            "db = \"/data/t.sqlite\"\nauto-sites = true\nbatch-max = 64\nadmin-token = \"s3cret-s3cret-s3cret\"",
         )
         .expect("toml");
         let args = ServeArgs {
@@ -380,6 +519,87 @@ mod tests {
         assert_eq!(c.ingest.max_batch, 128);
         assert_eq!(c.ingest.capacity, IngestConfig::default().capacity);
         assert!(!format!("{c:?}").contains("s3cret"), "secrets are redacted");
+        assert_eq!(c.secret, SecretSource::File("/data/tally.secret".into()));
+    }
+
+    fn file_error(text: &str) -> String {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("tally.toml");
+        std::fs::write(&path, text).expect("write");
+        FileConfig::load(&path).expect_err("invalid").to_string()
+    }
+
+    #[test]
+    fn config_file_errors_never_echo_the_file() {
+        const TOKEN: &str = "Zq8-secret-token-Zq8";
+        for text in [
+            format!("admin-token = \"{TOKEN}"),
+            format!("admin-token = {TOKEN}"),
+            TOKEN.to_owned(),
+            format!("admin-token = [\"{TOKEN}\"]"),
+            format!("listen = \"{TOKEN}\""),
+            format!("admin-token = \"{TOKEN}\"\nadmin-token = \"{TOKEN}\""),
+            "admin-token = 12345678901234567890".to_owned(),
+            format!("secret = \"{TOKEN}\"\nsync = \"{TOKEN}\""),
+        ] {
+            let e = file_error(&text);
+            assert!(!e.contains("Zq8") && !e.contains("12345678"), "{e}");
+            assert!(e.contains("line "), "{e}");
+        }
+        // Unknown keys are named (a key is not a value).
+        assert!(file_error("listne = \"127.0.0.1:0\"").contains("listne"));
+    }
+
+    #[test]
+    fn tokens_are_checked_without_being_echoed() {
+        for token in [
+            "short-token",
+            "non-ascii-tökén-non-ascii",
+            "has blanks in the token",
+        ] {
+            let args = ServeArgs {
+                admin_token: Some(token.into()),
+                ..ServeArgs::default()
+            };
+            let e = ServeConfig::resolve(args, None, FileConfig::default())
+                .expect_err("refused")
+                .to_string();
+            assert!(e.starts_with("admin-token"), "{e}");
+            assert!(!e.contains("token-") && !e.contains("blanks"), "{e}");
+        }
+        let args = ServeArgs {
+            metrics_token: Some("tiny".into()),
+            ..ServeArgs::default()
+        };
+        assert!(ServeConfig::resolve(args, None, FileConfig::default()).is_err());
+    }
+
+    #[test]
+    fn trusted_proxies_presets_and_the_deprecated_alias() {
+        let file: FileConfig =
+            toml::from_str("trusted-proxies = [\"loopback\", \"203.0.113.0/24\"]").expect("toml");
+        let c = ServeConfig::resolve(ServeArgs::default(), None, file).expect("valid");
+        assert!(c.trusted_proxies.contains("127.0.0.1".parse().expect("ip")));
+        assert!(
+            c.trusted_proxies
+                .contains("203.0.113.9".parse().expect("ip"))
+        );
+        assert!(!c.trusted_proxies.contains("10.0.0.1".parse().expect("ip")));
+        let args = ServeArgs {
+            trust_proxy: Some(true),
+            ..ServeArgs::default()
+        };
+        let c = ServeConfig::resolve(args, None, FileConfig::default()).expect("valid");
+        assert!(c.trusted_proxies.contains("10.0.0.1".parse().expect("ip")));
+        assert!(c.trusted_proxies.contains("::1".parse().expect("ip")));
+        let args = ServeArgs {
+            trusted_proxies: Some(vec!["10.0.0.0/40".into()]),
+            ..ServeArgs::default()
+        };
+        assert!(ServeConfig::resolve(args, None, FileConfig::default()).is_err());
+        let none =
+            ServeConfig::resolve(ServeArgs::default(), None, FileConfig::default()).expect("valid");
+        assert!(none.trusted_proxies.is_empty());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! [`store`] persists behind one trait; [`ingest`] batches writes into group commits;
 //! [`http`] is the edge; [`sites`], [`privacy`], [`metrics`] and [`config`] support them.
 
+pub mod bots;
 pub mod config;
 pub mod core;
 pub mod http;
@@ -12,6 +13,7 @@ pub mod ingest;
 pub mod limits;
 pub mod metrics;
 pub mod privacy;
+pub mod secrets;
 pub mod sites;
 pub mod store;
 
@@ -51,6 +53,8 @@ pub async fn run(
     clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Before anything starts: a missing or unreadable secret is a clear startup error.
+    let secret = secrets::ServerSecret::load(&config.secret)?;
     let metrics = Arc::new(Metrics::new());
     let (ingest, writer) = Ingest::start(Arc::clone(&store), config.ingest, Arc::clone(&metrics));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -64,7 +68,7 @@ pub async fn run(
         },
         stop_rx,
     ));
-    let state = AppState::new(store, ingest, clock, config, metrics);
+    let state = AppState::new(store, ingest, clock, config, metrics, secret);
     let app = http::app(state).into_make_service_with_connect_info::<SocketAddr>();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)

@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the collector.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage sites.
     #[command(subcommand)]
     Site(SiteCommand),
@@ -86,11 +86,17 @@ enum SiteCommand {
 }
 
 fn main() -> anyhow::Result<()> {
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("TALLY_LOG")
+        .unwrap_or_else(|_| "info,tower_http=warn".into());
+    // No client address in any log at any level: these targets log peer addresses at trace
+    // level, so they stay off whatever TALLY_LOG says.
+    for quiet in ["axum::serve=off"] {
+        if let Ok(directive) = quiet.parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TALLY_LOG")
-                .unwrap_or_else(|_| "info,tower_http=warn".into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -99,7 +105,7 @@ fn main() -> anyhow::Result<()> {
         None => FileConfig::default(),
     };
     let args = match &cli.command {
-        Command::Serve(args) => args.clone(),
+        Command::Serve(args) => (**args).clone(),
         _ => ServeArgs::default(),
     };
     let config = ServeConfig::resolve(args, cli.db.clone(), file)?;
@@ -120,6 +126,12 @@ async fn serve(config: ServeConfig, store: Arc<dyn tally::store::Store>) -> anyh
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(db = %config.db.display(), auto_sites = config.auto_sites, "starting");
+    if config.metrics_token.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            "/metrics is open to anyone who can reach this address: set --metrics-token, or \
+             keep /metrics away from the internet at the proxy"
+        );
+    }
     println!("listening on http://{addr}");
     let shutdown = async {
         let ctrl_c = tokio::signal::ctrl_c();

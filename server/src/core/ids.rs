@@ -163,13 +163,16 @@ pub fn cap_path(path: &str, max: usize) -> &str {
 pub struct PagePath(String);
 
 impl PagePath {
-    /// The page key of an absolute http(s) URL.
+    /// The page key of an absolute http(s) URL. A leading run of slashes is one slash
+    /// (`https://site//a` is `/a`), so every page key is also a valid `page` parameter.
     pub fn from_url(raw: &str) -> Result<(Self, url::Url), IdError> {
         let url = url::Url::parse(raw).map_err(|_| IdError::Url)?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             return Err(IdError::Url);
         }
-        Ok((Self(cap_path(url.path(), MAX_PAGE_BYTES).to_owned()), url))
+        let path = url.path();
+        let path = &path[(path.len() - path.trim_start_matches('/').len()).saturating_sub(1)..];
+        Ok((Self(cap_path(path, MAX_PAGE_BYTES).to_owned()), url))
     }
 
     /// A path as given by a query parameter (`/posts/a`); must start with `/`. It is
@@ -220,9 +223,17 @@ impl EventName {
     }
 }
 
-/// A dedupe key of a custom event: 1–128 printable characters.
+/// A dedupe key of a custom event: 1–128 printable characters as sent, or a key scoped to one
+/// visitor ([`DedupeKey::scoped_to`]).
+///
+/// Invariant: a scoped key starts with a control character, which [`DedupeKey::parse`] never
+/// accepts, so no key anyone can send equals a scoped key: an anonymous sender's `order_1001`
+/// can neither claim the site's real `order_1001` nor another visitor's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DedupeKey(String);
+
+/// The first character of a scoped dedupe key (ASCII unit separator).
+pub const SCOPED_DEDUPE_PREFIX: char = '\u{1f}';
 
 impl DedupeKey {
     /// Parse a dedupe key.
@@ -237,6 +248,21 @@ impl DedupeKey {
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// This key as sent by `visitor` only: a control character and 32 hex digits of a hash of
+    /// the visitor key and the key, so the same key from another visitor is another key.
+    pub fn scoped_to(&self, visitor: &VisitorKey) -> Self {
+        let mut h = blake3::Hasher::new_derive_key("tally 2026-12 visitor-scoped dedupe key v1");
+        h.update(&visitor.0);
+        h.update(self.0.as_bytes());
+        let hex = h.finalize().to_hex();
+        Self(format!("{SCOPED_DEDUPE_PREFIX}{}", &hex[..32]))
+    }
+
+    /// Whether this key is scoped to a visitor.
+    pub fn is_scoped(&self) -> bool {
+        self.0.starts_with(SCOPED_DEDUPE_PREFIX)
     }
 }
 
@@ -318,6 +344,32 @@ mod tests {
         #[test]
         fn url_parse_never_panics(raw in ".{0,200}") {
             let _ = PagePath::from_url(&raw);
+        }
+
+        #[test]
+        fn page_normalisation_is_a_bounded_fixpoint(
+            path in "(/([ -~]|%[0-9A-Fa-f]{2}|é){0,40}){1,5}",
+            query in "[ -~]{0,20}",
+        ) {
+            let url = format!("https://b.example{path}?{query}");
+            if let Ok((page, _)) = PagePath::from_url(&url) {
+                prop_assert!(page.as_str().starts_with('/'));
+                prop_assert!(page.as_str().len() <= MAX_PAGE_BYTES);
+                prop_assert!(!page.as_str().contains('?') && !page.as_str().contains('#'));
+                // Normalising a normalised page changes nothing.
+                prop_assert_eq!(PagePath::parse(page.as_str()).expect("reparses"), page);
+            }
+        }
+
+        #[test]
+        fn no_sent_dedupe_key_equals_a_scoped_one(raw in "\\PC{1,128}", v in any::<[u8; 16]>()) {
+            if let Ok(key) = DedupeKey::parse(&raw) {
+                let scoped = key.scoped_to(&VisitorKey(v));
+                prop_assert!(scoped.is_scoped() && !key.is_scoped());
+                prop_assert!(DedupeKey::parse(scoped.as_str()).is_err());
+                prop_assert_ne!(scoped.clone(), key.scoped_to(&VisitorKey([!v[0]; 16])));
+                prop_assert_eq!(scoped, key.scoped_to(&VisitorKey(v)));
+            }
         }
 
         #[test]

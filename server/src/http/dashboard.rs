@@ -3,8 +3,10 @@
 //!
 //! Access: public sites are open; private sites need the admin token, as `Authorization:
 //! Bearer <token>` or the session cookie set by the login form (`POST /dashboard/{site}/login`;
-//! `HttpOnly; Secure; SameSite=Strict`, holding a value derived from the token, never the token).
-//! Every page path and referrer is attacker-controlled and is escaped by the template engine.
+//! `HttpOnly; Secure; SameSite=Strict`; a signed, timestamped value that expires, see
+//! `http::auth`); `POST /dashboard/{site}/logout` ends it. Wrong tokens are throttled per client
+//! network (429). Every page path and referrer is attacker-controlled and is escaped by the
+//! template engine; pages carry the CSP and framing headers of `http::ui`.
 //!
 //! Cost: every list is ranked and limited inside the database (at most 100 rows), and at most
 //! `--stats-concurrency` stats requests run at once; others wait up to 2 s, then get 503
@@ -14,14 +16,18 @@ use askama::Template;
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{ConnectInfo, Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use tally_wire::Numbers;
 
-use super::{ApiError, AppState, session_value};
+use std::net::SocketAddr;
+
+use super::auth::COOKIE;
+use super::ui::html;
+use super::{ApiError, AppState};
 use crate::core::badge::group;
 use crate::core::chart::{DayPoint, daily_chart};
 use crate::core::counts::combine;
@@ -33,6 +39,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/dashboard/{site}", get(page))
         .route("/dashboard/{site}/login", post(login))
+        .route("/dashboard/{site}/logout", post(logout))
 }
 
 pub fn api_router() -> Router<AppState> {
@@ -88,17 +95,26 @@ impl RangeQuery {
     }
 }
 
-/// The site, if the caller may see its stats.
-async fn authorised(state: &AppState, raw: &str, headers: &HeaderMap) -> Result<Site, ApiError> {
+/// The site, if the caller may see its stats, and whether the caller is the admin.
+async fn authorised(
+    state: &AppState,
+    raw: &str,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+) -> Result<(Site, bool), ApiError> {
     let id = super::site_id(raw)?;
     let site = state.sites.get(&id).await.map_err(|e| match e {
         crate::sites::SiteError::Unknown(_) => ApiError::NotFound(format!("no site {raw:?}")),
         other => other.into(),
     })?;
-    if site.public || state.is_admin(headers) {
-        Ok((*site).clone())
-    } else {
-        Err(ApiError::Unauthorized)
+    let admin = state.is_admin(peer, headers);
+    if site.public {
+        // A throttled guesser still sees what is public.
+        return Ok(((*site).clone(), admin.unwrap_or(false)));
+    }
+    match admin? {
+        true => Ok(((*site).clone(), true)),
+        false => Err(ApiError::Unauthorized),
     }
 }
 
@@ -106,6 +122,7 @@ async fn authorised(state: &AppState, raw: &str, headers: &HeaderMap) -> Result<
 async fn scope(
     state: &AppState,
     raw: &str,
+    peer: SocketAddr,
     headers: &HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<
@@ -118,7 +135,7 @@ async fn scope(
     ApiError,
 > {
     let q = super::query(query)?;
-    let site = authorised(state, raw, headers).await?;
+    let (site, _) = authorised(state, raw, peer, headers).await?;
     let (range, _) = q.resolve(state, &site)?;
     let slot = state.stats_slot().await?;
     Ok((site, range, q, slot))
@@ -170,11 +187,12 @@ struct SeriesResponse {
 
 async fn series(
     State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(raw): Path<String>,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
-    let (site, range, _, _slot) = scope(&state, &raw, &headers, query).await?;
+    let (site, range, _, _slot) = scope(&state, &raw, peer, &headers, query).await?;
     let points = daily_points(&state, &site, range).await?;
     let total = combine(
         state
@@ -265,11 +283,12 @@ async fn top_lists(
 
 async fn top(
     State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(raw): Path<String>,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<TopResponse>, ApiError> {
-    let (site, range, q, _slot) = scope(&state, &raw, &headers, query).await?;
+    let (site, range, q, _slot) = scope(&state, &raw, peer, &headers, query).await?;
     let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
     Ok(Json(TopResponse {
         site: site.id.to_string(),
@@ -316,6 +335,8 @@ struct DashboardPage {
     referrers: Vec<Row>,
     public: bool,
     live_window: u32,
+    /// The viewer is the admin (a sign-out button is shown).
+    signed_in: bool,
 }
 
 #[derive(Template)]
@@ -323,21 +344,31 @@ struct DashboardPage {
 struct LoginPage {
     site: String,
     failed: bool,
+    /// Seconds a throttled network must wait.
+    retry_after: Option<u64>,
 }
 
-fn html(status: StatusCode, body: Result<String, askama::Error>) -> Response {
-    match body {
-        Ok(body) => {
-            let mut r = (status, Html(body)).into_response();
-            r.headers_mut()
-                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-            r
+/// The login page: 401, or 429 with `Retry-After` for a throttled network.
+fn login_page(site: String, failed: bool, retry_after: Option<u64>) -> Response {
+    let status = match retry_after {
+        Some(_) => StatusCode::TOO_MANY_REQUESTS,
+        None => StatusCode::UNAUTHORIZED,
+    };
+    let mut r = html(
+        status,
+        LoginPage {
+            site,
+            failed,
+            retry_after,
         }
-        Err(e) => {
-            tracing::error!(error = %e, "template failed");
-            (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
-        }
+        .render(),
+    );
+    if let Some(wait) = retry_after
+        && let Ok(v) = HeaderValue::from_str(&wait.to_string())
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
     }
+    r
 }
 
 fn share(n: u64, top: u64) -> u64 {
@@ -346,22 +377,17 @@ fn share(n: u64, top: u64) -> u64 {
 
 async fn page(
     State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(raw): Path<String>,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = super::query(query)?;
-    let site = match authorised(&state, &raw, &headers).await {
-        Ok(site) => site,
-        Err(ApiError::Unauthorized) => {
-            return Ok(html(
-                StatusCode::UNAUTHORIZED,
-                LoginPage {
-                    site: raw,
-                    failed: false,
-                }
-                .render(),
-            ));
+    let (site, signed_in) = match authorised(&state, &raw, peer, &headers).await {
+        Ok(found) => found,
+        Err(ApiError::Unauthorized) => return Ok(login_page(raw, false, None)),
+        Err(ApiError::RateLimited { retry_after }) => {
+            return Ok(login_page(raw, false, Some(retry_after)));
         }
         Err(e) => return Err(e),
     };
@@ -452,6 +478,7 @@ async fn page(
             .collect(),
         public: site.public,
         live_window: state.config.live_window_secs,
+        signed_in,
     }
     .render();
     Ok(html(StatusCode::OK, body))
@@ -462,44 +489,57 @@ struct LoginForm {
     token: String,
 }
 
+/// The session cookie with `value` for `max_age` seconds (0 clears it).
+fn session_cookie(value: &str, max_age: i64) -> Option<HeaderValue> {
+    HeaderValue::from_str(&format!(
+        "{COOKIE}={value}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age={max_age}"
+    ))
+    .ok()
+}
+
+fn see_other(to: &str) -> Response {
+    let mut r = Redirect::to(to).into_response();
+    *r.status_mut() = StatusCode::SEE_OTHER;
+    r
+}
+
 async fn login(
     State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(raw): Path<String>,
+    headers: HeaderMap,
     form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, ApiError> {
     let Form(form) = form.map_err(|e| ApiError::bad("invalid_form", e.body_text()))?;
     let id = super::site_id(&raw)?;
-    let Some(token) = state.config.admin_token.as_deref() else {
-        return Ok(html(
-            StatusCode::UNAUTHORIZED,
-            LoginPage {
-                site: raw,
-                failed: true,
+    let net = state.client_net(peer, &headers);
+    let now_ms = state.clock.now().as_millisecond();
+    match state.auth.login(&form.token, net, now_ms) {
+        Err(throttled) => Ok(login_page(raw, false, Some(throttled.retry_after))),
+        Ok(None) => Ok(login_page(raw, true, None)),
+        Ok(Some(value)) => {
+            let mut r = see_other(&format!("/dashboard/{id}"));
+            if let Some(v) = session_cookie(&value, state.auth.lifetime_secs()) {
+                r.headers_mut().insert(header::SET_COOKIE, v);
             }
-            .render(),
-        ));
-    };
-    let mut probe = HeaderMap::new();
-    if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", form.token)) {
-        probe.insert(header::AUTHORIZATION, v);
+            Ok(r)
+        }
     }
-    if !state.is_admin(&probe) {
-        return Ok(html(
-            StatusCode::UNAUTHORIZED,
-            LoginPage {
-                site: raw,
-                failed: true,
-            }
-            .render(),
-        ));
-    }
-    let cookie = format!(
-        "tally_admin={}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=2592000",
-        session_value(token)
-    );
-    let mut r = Redirect::to(&format!("/dashboard/{id}")).into_response();
-    *r.status_mut() = StatusCode::SEE_OTHER;
-    if let Ok(v) = HeaderValue::from_str(&cookie) {
+}
+
+/// End the session (and every older one of this collector), clear the cookie, and go back to
+/// the site's dashboard.
+async fn logout(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let id = super::site_id(&raw)?;
+    state
+        .auth
+        .logout(&headers, state.clock.now().as_millisecond());
+    let mut r = see_other(&format!("/dashboard/{id}"));
+    if let Some(v) = session_cookie("", 0) {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
     Ok(r)

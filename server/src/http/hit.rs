@@ -9,6 +9,11 @@
 //! the sender's address limits (429 with `Retry-After`, or 400 `batch_over_allowance` when no
 //! wait could help) → bot filter (`filtered`, not counted) → visitor key (client id, or a keyed
 //! hash of the source) → [`Record`] with its local day → ingest queue → commit → outcome.
+//!
+//! Dedupe keys of custom events: a sender with the site's ingest key sets site-wide keys (the
+//! shop's server says `order_1001` once for the whole site); any other sender's key is scoped
+//! to its visitor ([`DedupeKey::scoped_to`]), so an anonymous client cannot pre-claim a key. A
+//! wrong ingest key is a throttled guess (see `http::auth`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +34,7 @@ use tally_wire::{
 use super::error::json_error;
 use super::{ApiError, AppState, MAX_USER_AGENT_BYTES, check_content_type, origin, read_body};
 use crate::core::hit::{HitKind, ValidHit};
-use crate::core::ids::{PagePath, SiteId};
+use crate::core::ids::{DedupeKey, PagePath, SiteId};
 use crate::core::net::ClientNet;
 use crate::core::record::{Outcome, Record, Source};
 use crate::limits::{Lane, Refusal};
@@ -86,12 +91,14 @@ impl Sender {
     }
 }
 
-/// Why a record is not counted although it is valid.
+/// Why a record is not counted although it is valid. Known image proxies (GitHub's camo and
+/// the like, which the bot list names) are not bots here: they fetch badges and pixels for
+/// human readers, within their own bounded allowance (see `limits`).
 pub fn filter_reason(state: &AppState, sender: &Sender) -> Option<&'static str> {
     let ua = sender.user_agent.trim();
     if ua.is_empty() {
         Some("empty_user_agent")
-    } else if state.is_bot(ua) {
+    } else if state.is_bot(ua) && !crate::limits::is_image_proxy(ua) {
         Some("bot")
     } else {
         None
@@ -126,6 +133,7 @@ async fn check(
         .await?;
     let keyed = sender.has_key_of(&site);
     if sender.bearer.is_some() && !keyed {
+        state.auth.failed_guess(sender.net, now.as_microsecond());
         return Err(ApiError::InvalidIngestKey {
             site: site.id.to_string(),
         });
@@ -139,7 +147,7 @@ async fn prepare(
     checked: Checked,
     sender: &Sender,
 ) -> Result<Prepared, ApiError> {
-    let Checked { valid, site, .. } = checked;
+    let Checked { valid, site, keyed } = checked;
     if let Some(reason) = filter_reason(state, sender) {
         state
             .metrics
@@ -159,13 +167,24 @@ async fn prepare(
                 .await?
         }
     };
+    let kind = match valid.kind {
+        // Only the site's own server sets site-wide keys; anyone else's are their visitor's.
+        HitKind::Event {
+            name,
+            dedupe: Some(key),
+        } if !keyed => HitKind::Event {
+            name,
+            dedupe: Some(DedupeKey::scoped_to(&key, &visitor)),
+        },
+        kind => kind,
+    };
     let at = valid.event_id.time();
     let record = Record {
         event_id: valid.event_id,
         day: site.zone.day_of(at),
         site: valid.site,
         source: Source::Web,
-        kind: valid.kind,
+        kind,
         page: valid.page,
         visitor,
         at_ms: at.as_millisecond(),
@@ -258,6 +277,14 @@ fn precheck(
             .limits
             .has_room(Lane::Direct, sender.net, now)
             .map_err(refused)?;
+    } else {
+        // A key guesser that used up its wrong guesses is refused before its key is compared.
+        state
+            .auth
+            .before_guess(sender.net, now.as_microsecond())
+            .map_err(|t| ApiError::RateLimited {
+                retry_after: t.retry_after,
+            })?;
     }
     Ok(())
 }
@@ -485,4 +512,92 @@ async fn events(
         Ok(Json(BatchResponse { results }))
     };
     run.await.map_err(|e| rejected(&state, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::hit::TimeWindow;
+    use proptest::prelude::*;
+
+    /// Any JSON value, a few levels deep.
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(serde_json::Value::from),
+            ".{0,40}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("site".to_owned()),
+                        Just("type".to_owned()),
+                        Just("event_id".to_owned()),
+                        Just("url".to_owned()),
+                        Just("visitor_id".to_owned()),
+                        Just("referrer".to_owned()),
+                        Just("name".to_owned()),
+                        Just("dedupe".to_owned()),
+                        "[a-z_]{1,8}",
+                    ],
+                    inner,
+                    0..8
+                )
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Parse as the hit endpoint does; every refusal must be a 4xx with a code.
+    fn judge(bytes: &[u8]) -> Result<(), TestCaseError> {
+        let now: jiff::Timestamp = "2026-05-10T12:00:00Z".parse().expect("ts");
+        match parse_body::<Hit>(bytes) {
+            Err(e) => {
+                prop_assert!(e.status().is_client_error(), "{e:?}");
+                prop_assert!(!e.code().is_empty());
+            }
+            Ok(hit) => {
+                if let Err(e) = ValidHit::parse(&hit, now, TimeWindow::default()) {
+                    let api: ApiError = e.into();
+                    prop_assert!(api.status().is_client_error(), "{api:?}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_and_are_refused_with_a_4xx(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            judge(&bytes)?;
+        }
+
+        #[test]
+        fn arbitrary_json_never_panics_and_is_refused_with_a_4xx(value in json_value()) {
+            judge(value.to_string().as_bytes())?;
+        }
+
+        #[test]
+        fn near_valid_hits_never_panic(
+            site in "[a-z0-9._-]{0,70}",
+            kind in prop_oneof![Just("pageview".to_owned()), Just("event".to_owned()), ".{0,8}"],
+            url in prop_oneof![".{0,60}", "https?://[a-z.]{1,20}(:[0-9]{1,6})?/[ -~]{0,60}"],
+            name in proptest::option::of(".{0,80}"),
+            dedupe in proptest::option::of(".{0,140}"),
+            visitor in proptest::option::of("[0-9a-f-]{0,40}"),
+            referrer in proptest::option::of(".{0,80}"),
+            id in "[0-9a-f-]{0,40}",
+        ) {
+            let hit = serde_json::json!({
+                "site": site, "type": kind, "url": url, "name": name, "dedupe": dedupe,
+                "visitor_id": visitor, "referrer": referrer,
+                "event_id": if id.len() == 36 { id } else { "019a0000-0000-7000-8000-000000000000".into() },
+            });
+            judge(hit.to_string().as_bytes())?;
+        }
+    }
 }

@@ -3,15 +3,22 @@
 //!
 //! Contract: every route module owns `fn router()`; [`app`] merges them and adds the shared
 //! layers — CORS for `/api/*` (origin echoed, `Vary: Origin`, credentials allowed, preflight
-//! answered), `Cache-Control: no-store` on every API answer, JSON 404/405 answers.
+//! answered), `Cache-Control: no-store` on every API answer, JSON 404/405 answers, and
+//! `X-Content-Type-Options: nosniff` on every answer (HTML pages add their own policy, see
+//! [`ui`]).
+//!
+//! The client's address is the peer's, or behind a trusted proxy the rightmost untrusted hop of
+//! the configured forwarding header ([`crate::core::forwarded`]).
 
 mod assets;
+pub mod auth;
 mod badge;
 mod counts;
 mod dashboard;
 mod error;
 mod hit;
 mod ops;
+mod ui;
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -27,6 +34,7 @@ use axum::response::{IntoResponse, Response};
 
 pub use error::ApiError;
 
+use crate::bots::BotList;
 use crate::config::ServeConfig;
 use crate::core::clock::Clock;
 use crate::core::ids::{PagePath, SiteId};
@@ -37,6 +45,7 @@ use crate::ingest::Ingest;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::privacy::SourceHasher;
+use crate::secrets::ServerSecret;
 use crate::sites::SiteRegistry;
 use crate::store::Store;
 
@@ -81,7 +90,9 @@ pub struct AppState {
     pub live: Arc<Mutex<LiveWindow<LiveKey>>>,
     pub hasher: Arc<SourceHasher>,
     /// The bot user-agent list, compiled once.
-    pub bots: Arc<isbot::Bots>,
+    pub bots: Arc<BotList>,
+    /// Admin and metrics credentials, sessions, and the throttle on guessing them.
+    pub auth: Arc<auth::Auth>,
     /// Per-address limits of every counting route and of new sites.
     pub limits: Arc<Limits>,
     /// Badge and pixel repeat suppression (sources without a visitor id).
@@ -106,6 +117,7 @@ impl AppState {
         clock: Arc<dyn Clock>,
         config: ServeConfig,
         metrics: Arc<Metrics>,
+        secret: ServerSecret,
     ) -> Self {
         let repeat_interval_secs = config.repeat_interval_secs;
         let limits = Arc::new(Limits::new(config.limits()));
@@ -116,7 +128,8 @@ impl AppState {
                 config.max_sites,
                 Arc::clone(&limits),
             )),
-            hasher: Arc::new(SourceHasher::new(Arc::clone(&store))),
+            hasher: Arc::new(SourceHasher::new(Arc::clone(&store), secret.clone())),
+            auth: Arc::new(auth::Auth::new(&config, &secret)),
             live: Arc::new(Mutex::new(LiveWindow::new(
                 config.live_window_secs,
                 LIVE_MAX_VISITORS,
@@ -126,7 +139,7 @@ impl AppState {
             stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
             batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
             config: Arc::new(config),
-            bots: Arc::new(isbot::Bots::default()),
+            bots: Arc::new(BotList::bundled()),
             bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
             ua_hasher: std::collections::hash_map::RandomState::new(),
             limits,
@@ -145,19 +158,26 @@ impl AppState {
         }
     }
 
-    /// The client's address: the peer, or the last `X-Forwarded-For` hop behind a trusted proxy.
+    /// The client's address: the peer, or behind a trusted proxy the rightmost untrusted hop
+    /// of every line of the configured forwarding header.
     pub fn client_ip(&self, peer: SocketAddr, headers: &HeaderMap) -> IpAddr {
-        if self.config.trust_proxy
-            && let Some(ip) = headers
-                .get("x-forwarded-for")
-                .and_then(|v| v.to_str().ok())
-                // The rightmost hop is the one our proxy appended; the rest is client-supplied.
-                .and_then(|v| v.rsplit(',').next())
-                .and_then(|v| v.trim().parse().ok())
-        {
-            return ip;
-        }
-        peer.ip()
+        let header = self.config.proxy_header;
+        let lines: Vec<&str> = if self.config.trusted_proxies.contains(peer.ip()) {
+            headers
+                .get_all(header.name())
+                .iter()
+                // A line that is not text cannot be read: it stops the walk like garbage would.
+                .map(|v| v.to_str().unwrap_or("unknown"))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        crate::core::forwarded::client_address(
+            peer.ip(),
+            &self.config.trusted_proxies,
+            header,
+            lines.into_iter(),
+        )
     }
 
     /// The network the client's requests are limited by.
@@ -198,23 +218,15 @@ impl AppState {
         }
     }
 
-    /// Whether the request carries the admin token (bearer header or session cookie).
-    pub fn is_admin(&self, headers: &HeaderMap) -> bool {
-        let Some(token) = self.config.admin_token.as_deref() else {
-            return false;
-        };
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let cookie = headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .find_map(|c| c.trim().strip_prefix("tally_admin="));
-        bearer.is_some_and(|given| constant_time_eq(given, token))
-            || cookie.is_some_and(|given| constant_time_eq(given, &session_value(token)))
+    /// Whether the request is the admin's (session cookie or bearer token); a wrong bearer
+    /// token is a guess, throttled per client network (429).
+    pub fn is_admin(&self, peer: SocketAddr, headers: &HeaderMap) -> Result<bool, ApiError> {
+        let net = self.client_net(peer, headers);
+        self.auth
+            .is_admin(headers, net, self.clock.now().as_millisecond())
+            .map_err(|t| ApiError::RateLimited {
+                retry_after: t.retry_after,
+            })
     }
 }
 
@@ -228,14 +240,6 @@ pub fn truncate(s: &str, max: usize) -> &str {
         cut -= 1;
     }
     &s[..cut]
-}
-
-/// The admin session cookie's value: derived from the token, so the cookie never holds it.
-pub fn session_value(token: &str) -> String {
-    blake3::derive_key("tally 2026 admin session cookie", token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// Whether two secrets are equal, in time that depends on neither their content nor their
@@ -260,9 +264,21 @@ pub fn app(state: AppState) -> Router {
         .merge(badge::router())
         .merge(dashboard::router())
         .merge(assets::router())
+        .merge(ui::router())
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(middleware::from_fn(nosniff))
         .with_state(state)
+}
+
+/// `X-Content-Type-Options: nosniff` on every answer: browsers use the declared type only.
+async fn nosniff(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    response.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
 }
 
 /// CORS and caching headers for every `/api/*` answer.

@@ -1,14 +1,19 @@
 //! Operations endpoints: `/healthz` (the process answers), `/readyz` (the storage probe passes
 //! — the database file is the one opened, the disk is above its floor, a read works — and the
 //! queue has room; the body says why not), `/metrics` (Prometheus text format).
+//!
+//! `/metrics` is open unless `--metrics-token` is set; then it needs `Authorization: Bearer
+//! <metrics token>` (401 otherwise; wrong tokens are throttled guesses, see `http::auth`).
+
+use std::net::SocketAddr;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use super::AppState;
+use super::{ApiError, AppState};
 use crate::store::StoreError;
 
 pub fn router() -> Router<AppState> {
@@ -47,7 +52,26 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+async fn metrics(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let net = state.client_net(peer, &headers);
+    let allowed = state
+        .auth
+        .may_read_metrics(&headers, net, state.clock.now().as_microsecond())
+        .map_err(|t| ApiError::RateLimited {
+            retry_after: t.retry_after,
+        })?;
+    if !allowed {
+        let mut r = ApiError::Unauthorized.into_response();
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"metrics\""),
+        );
+        return Ok(r);
+    }
     state.metrics.queue_depth.set(state.ingest.depth() as i64);
     if let Some(free) = state.store.free_bytes() {
         state
@@ -55,11 +79,12 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             .disk_free_bytes
             .set(i64::try_from(free).unwrap_or(i64::MAX));
     }
-    (
+    Ok((
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         state.metrics.render(),
     )
+        .into_response())
 }

@@ -186,7 +186,10 @@ async fn pixel_counts_once_per_source_and_checks_the_embedding_origin() {
 #[tokio::test]
 async fn behind_a_proxy_the_last_forwarded_hop_is_the_source() {
     let mut app = crate::support::spawn_app_with(crate::support::Options {
-        configure: |c| c.trust_proxy = true,
+        configure: |c| {
+            c.trusted_proxies =
+                tally::core::forwarded::TrustedProxies::parse(["loopback"]).expect("preset")
+        },
         ..crate::support::Options::default()
     })
     .await;

@@ -211,3 +211,51 @@ async fn site_key_prints_the_same_key_until_rotated_and_site_add_keeps_it() {
     let (ok, rotated) = run(&mut with_db(&["site", "key", "blog", "--rotate"])).await;
     assert!(ok && rotated != first, "{rotated}");
 }
+
+#[tokio::test]
+async fn a_weak_admin_token_is_refused_at_startup_without_echoing_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    for token in ["short-Qx7", "non-ascii-tökén-Qx7-Qx7-Qx7"] {
+        let (ok, text) = run(tally()
+            .arg("--db")
+            .arg(dir.path().join("t.sqlite"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("TALLY_ADMIN_TOKEN", token))
+        .await;
+        assert!(!ok, "started with a weak token");
+        assert!(text.contains("admin-token"), "{text}");
+        assert!(!text.contains("Qx7"), "the error echoes the token: {text}");
+    }
+}
+
+#[tokio::test]
+async fn help_and_config_errors_print_no_secret() {
+    const SECRET: &str = "Hq2-very-secret-value-Hq2-0123456789abcdef";
+    let (ok, text) = run(tally()
+        .args(["serve", "--help"])
+        .env("TALLY_ADMIN_TOKEN", SECRET)
+        .env("TALLY_METRICS_TOKEN", SECRET)
+        .env("TALLY_SECRET", SECRET))
+    .await;
+    assert!(ok, "{text}");
+    assert!(text.contains("--admin-token") && text.contains("--trusted-proxies"));
+    assert!(!text.contains("Hq2"), "--help shows a secret: {text}");
+
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("tally.toml");
+    for content in [
+        format!("admin-token = \"{SECRET}\nlisten = \"127.0.0.1:0\"\n"),
+        format!("admin-token = {SECRET}\n"),
+        format!("{SECRET}\n"),
+        format!("secret = 12345\nadmin-token = \"{SECRET}\"\n"),
+    ] {
+        std::fs::write(&file, &content).expect("write");
+        let (ok, text) = run(tally().arg("--config").arg(&file).arg("serve")).await;
+        assert!(!ok, "{content}");
+        assert!(
+            text.contains("invalid config file") && text.contains("line "),
+            "{text}"
+        );
+        assert!(!text.contains("Hq2"), "the error echoes the file: {text}");
+    }
+}

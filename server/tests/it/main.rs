@@ -3,6 +3,7 @@
 mod attack;
 mod bad_input;
 mod badge;
+mod bots;
 mod cli;
 mod concurrency;
 mod crash;
@@ -10,7 +11,9 @@ mod dashboard;
 mod days;
 mod hits;
 mod overload;
+mod privacy;
 mod store_conformance;
 mod store_migration;
 mod store_size;
 mod support;
+mod trust;

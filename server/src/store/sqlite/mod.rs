@@ -222,6 +222,9 @@ impl SqliteStore {
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Deleted rows (expired salts above all) are overwritten with zeros, not left in free
+        // space; `forget_salts` also checkpoints the WAL so no old page image lingers there.
+        conn.pragma_update(None, "secure_delete", "ON")?;
         let sync = match options.sync {
             SyncMode::Full => "FULL",
             SyncMode::Normal => "NORMAL",
@@ -400,10 +403,13 @@ impl Store for SqliteStore {
                 "INSERT OR IGNORE INTO salts (day, salt) VALUES (?1, ?2)",
                 params![key, &fresh[..]],
             )?;
-            tx.execute("DELETE FROM salts WHERE day < ?1", [key - 2])?;
+            let forgotten = tx.execute("DELETE FROM salts WHERE day < ?1", [key - 2])?;
             let salt: Vec<u8> =
                 tx.query_row("SELECT salt FROM salts WHERE day = ?1", [key], |r| r.get(0))?;
             tx.commit()?;
+            if forgotten > 0 {
+                checkpoint_truncate(&w.conn);
+            }
             salt.try_into()
                 .map_err(|_| StoreError::Invalid("salt is not 32 bytes".into()))
         })
@@ -515,10 +521,25 @@ impl Store for SqliteStore {
             conn.query_row("SELECT COUNT(*) FROM site_keys", [], |r| r.get::<_, i64>(0))?;
             Ok(())
         })
+        .await?;
+        // The write lock can be had (another process holding it makes commits fail too).
+        self.write(|w| {
+            w.conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;")?;
+            Ok(())
+        })
         .await
     }
 
     fn free_bytes(&self) -> Option<u64> {
         self.guard.free_bytes()
+    }
+}
+
+/// Fold the WAL into the main file and truncate it, so pages that held deleted secrets are
+/// gone from the WAL too. Best effort: a reader holding an old snapshot makes it partial, and
+/// the next prune (hourly) tries again.
+pub(super) fn checkpoint_truncate(conn: &Connection) {
+    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+        tracing::warn!(error = %e, "WAL checkpoint after deleting salts failed; retried hourly");
     }
 }

@@ -55,6 +55,9 @@ pub(super) async fn prune(
                 .execute("DELETE FROM salts WHERE day < ?1", [today - 2])?;
             w.conn
                 .execute("DELETE FROM page_quota WHERE day < ?1", [today - 7])?;
+            if salts > 0 {
+                super::checkpoint_truncate(&w.conn);
+            }
             Ok(salts as u64)
         })
         .await?;

@@ -1,0 +1,358 @@
+//! Credentials at the edge: the admin token (bearer or signed session cookie), the metrics
+//! token, and the throttle on guessing any token.
+//!
+//! Contract:
+//! - Tokens are compared by [`Secret::matches`] (hashes of both sides, constant time, no
+//!   length leak).
+//! - The session cookie (`tally_admin`) holds a [`SessionKey`] value: signed with a key derived
+//!   from the admin token and the server secret, timestamped, valid for `--session-hours`
+//!   (default 12) and never after a logout made with a valid session (logout ends every session
+//!   of this collector issued before it; a restart forgets that, the expiry still holds).
+//! - Failed guesses are throttled per client network (IPv4 /32, IPv6 /64), whatever token was
+//!   guessed (admin token by form or bearer, metrics token, a site's ingest key): 10 failures a
+//!   minute, then one every 6 s. A throttled network is refused before its guess is compared
+//!   (429 with `Retry-After`). Successes and anonymous requests cost nothing, and an expired or
+//!   forged cookie is not a guess (a 256-bit MAC cannot be guessed).
+//! - The throttle's memory is bounded (a `KeyedGcra` of at most [`MAX_KEYS`] networks, keyed by
+//!   a process-random hash: no address is kept).
+
+use std::hash::BuildHasher;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use axum::http::{HeaderMap, header};
+
+use crate::config::ServeConfig;
+use crate::core::gcra::{KeyedGcra, Quota, Verdict};
+use crate::core::net::ClientNet;
+use crate::core::session::SessionKey;
+use crate::secrets::{Secret, ServerSecret};
+
+/// The session cookie's name.
+pub const COOKIE: &str = "tally_admin";
+
+/// Failed token guesses one network may make per minute (also the burst).
+pub const FAILURES_PER_MINUTE: u32 = 10;
+
+/// Networks the throttle remembers at most.
+pub const MAX_KEYS: usize = 100_000;
+
+/// A network that must wait before its next guess.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttled {
+    /// Seconds until the next guess is taken.
+    pub retry_after: u64,
+}
+
+/// The credentials of one collector.
+pub struct Auth {
+    token: Option<Secret>,
+    metrics_token: Option<Secret>,
+    session: Option<SessionKey>,
+    lifetime_ms: i64,
+    /// Sessions issued at or before this instant (ms) are over (the last logout).
+    not_before_ms: AtomicI64,
+    failures: Mutex<KeyedGcra>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Auth {
+    /// Credentials as configured; the session key is derived from the token and `secret`.
+    pub fn new(config: &ServeConfig, secret: &ServerSecret) -> Self {
+        let session = config.admin_token.as_ref().map(|t| {
+            SessionKey::new(
+                secret.derive_key("tally 2026-12 admin session v1", t.expose().as_bytes()),
+            )
+        });
+        let quota = Quota::per_minute(FAILURES_PER_MINUTE)
+            .unwrap_or_else(|| unreachable!("a non-zero rate"));
+        Self {
+            token: config.admin_token.clone(),
+            metrics_token: config.metrics_token.clone(),
+            session,
+            lifetime_ms: i64::try_from(config.session_lifetime.as_millis()).unwrap_or(i64::MAX),
+            not_before_ms: AtomicI64::new(i64::MIN),
+            failures: Mutex::new(KeyedGcra::new(quota, MAX_KEYS)),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    /// How long a session lasts, in seconds (the cookie's `Max-Age`).
+    pub fn lifetime_secs(&self) -> i64 {
+        self.lifetime_ms / 1000
+    }
+
+    /// Whether an admin token is configured at all.
+    pub fn has_admin(&self) -> bool {
+        self.token.is_some()
+    }
+
+    fn key(&self, net: ClientNet) -> u64 {
+        self.hasher.hash_one(net.to_bytes())
+    }
+
+    /// Refuse a network that has used up its failed guesses, before its guess is compared.
+    pub fn before_guess(&self, net: ClientNet, now_us: i64) -> Result<(), Throttled> {
+        let Ok(mut failures) = self.failures.lock() else {
+            return Ok(());
+        };
+        match failures.check(self.key(net), 1, now_us) {
+            Verdict::Admit { .. } => Ok(()),
+            Verdict::Wait { us } => Err(Throttled {
+                retry_after: u64::try_from((us + 999_999) / 1_000_000)
+                    .unwrap_or(1)
+                    .max(1),
+            }),
+            Verdict::Never { .. } | Verdict::Full => Err(Throttled { retry_after: 1 }),
+        }
+    }
+
+    /// Charge one failed guess to `net`.
+    pub fn failed_guess(&self, net: ClientNet, now_us: i64) {
+        if let Ok(mut failures) = self.failures.lock() {
+            let key = self.key(net);
+            if let Verdict::Admit { tat_us } = failures.check(key, 1, now_us) {
+                failures.commit(key, tat_us);
+            }
+        }
+    }
+
+    /// Compare a guess at `secret`, throttled: `Ok(true)` when it matches.
+    fn guess(
+        &self,
+        secret: &Secret,
+        given: &str,
+        net: ClientNet,
+        now_us: i64,
+    ) -> Result<bool, Throttled> {
+        self.before_guess(net, now_us)?;
+        if secret.matches(given) {
+            return Ok(true);
+        }
+        self.failed_guess(net, now_us);
+        Ok(false)
+    }
+
+    /// The valid session's issue time, if the request carries one.
+    fn session_of(&self, headers: &HeaderMap, now_ms: i64) -> Option<i64> {
+        let key = self.session.as_ref()?;
+        let not_before = self.not_before_ms.load(Ordering::Relaxed);
+        cookies(headers, COOKIE)
+            .find_map(|value| key.verify(value, now_ms, self.lifetime_ms, not_before).ok())
+    }
+
+    /// Whether the request is the admin's: a valid session cookie, or `Authorization: Bearer`
+    /// with the admin token (a wrong one is a throttled guess).
+    pub fn is_admin(
+        &self,
+        headers: &HeaderMap,
+        net: ClientNet,
+        now_ms: i64,
+    ) -> Result<bool, Throttled> {
+        let Some(token) = &self.token else {
+            return Ok(false);
+        };
+        if self.session_of(headers, now_ms).is_some() {
+            return Ok(true);
+        }
+        match bearer(headers) {
+            Some(given) => self.guess(token, given, net, now_ms.saturating_mul(1000)),
+            None => Ok(false),
+        }
+    }
+
+    /// A sign-in with the token typed into the form: a new session value when it is right.
+    pub fn login(
+        &self,
+        given: &str,
+        net: ClientNet,
+        now_ms: i64,
+    ) -> Result<Option<String>, Throttled> {
+        let (Some(token), Some(key)) = (&self.token, &self.session) else {
+            return Ok(None);
+        };
+        let ok = self.guess(token, given.trim(), net, now_ms.saturating_mul(1000))?;
+        Ok(ok.then(|| {
+            // Issued strictly after the last logout, even within the same millisecond.
+            let not_before = self.not_before_ms.load(Ordering::Relaxed);
+            key.issue(now_ms.max(not_before.saturating_add(1)))
+        }))
+    }
+
+    /// End every session issued until now, if the request holds a valid one (so a stranger
+    /// cannot sign the admin out). Returns whether it did.
+    pub fn logout(&self, headers: &HeaderMap, now_ms: i64) -> bool {
+        if self.session_of(headers, now_ms).is_none() {
+            return false;
+        }
+        self.not_before_ms.fetch_max(now_ms, Ordering::Relaxed);
+        true
+    }
+
+    /// Whether `/metrics` may be read: no metrics token configured, or its bearer given.
+    pub fn may_read_metrics(
+        &self,
+        headers: &HeaderMap,
+        net: ClientNet,
+        now_us: i64,
+    ) -> Result<bool, Throttled> {
+        let Some(token) = &self.metrics_token else {
+            return Ok(true);
+        };
+        match bearer(headers) {
+            Some(given) => self.guess(token, given, net, now_us),
+            None => Ok(false),
+        }
+    }
+}
+
+/// The `Authorization: Bearer` value.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+/// Every value of the cookie `name` on every `Cookie` line.
+fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(move |c| {
+            c.trim()
+                .strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('='))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    const TOKEN: &str = "a-long-admin-token-0123";
+    const T0: i64 = 1_780_000_000_000;
+
+    fn auth() -> Auth {
+        let mut config = ServeConfig::for_db("/tmp/unused.sqlite");
+        config.admin_token = Some(TOKEN.into());
+        config.metrics_token = Some("metrics-token-0123456".into());
+        Auth::new(&config, &ServerSecret::from_bytes([1; 32]))
+    }
+
+    fn net(last: u8) -> ClientNet {
+        ClientNet::V4([192, 0, 2, last])
+    }
+
+    fn with_cookie(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("a=b; {COOKIE}={value}; c=d")).expect("value"),
+        );
+        h
+    }
+
+    fn with_bearer(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}")).expect("value"),
+        );
+        h
+    }
+
+    #[test]
+    fn a_login_gives_a_session_that_expires_and_ends_at_logout() {
+        let a = auth();
+        let cookie = a
+            .login(TOKEN, net(1), T0)
+            .expect("not throttled")
+            .expect("right");
+        assert!(!cookie.contains(TOKEN));
+        let h = with_cookie(&cookie);
+        assert_eq!(a.is_admin(&h, net(1), T0 + 1000), Ok(true));
+        // Another network may use the cookie (it is the credential).
+        assert_eq!(a.is_admin(&h, net(2), T0 + 1000), Ok(true));
+        let twelve_hours = 12 * 3_600_000;
+        assert_eq!(a.is_admin(&h, net(1), T0 + twelve_hours), Ok(false));
+        // Logout needs a valid session, and ends it (and every older one).
+        assert!(!a.logout(&HeaderMap::new(), T0 + 2000));
+        assert!(a.logout(&h, T0 + 2000));
+        assert_eq!(a.is_admin(&h, net(1), T0 + 3000), Ok(false));
+        // A session made after the logout works, even in the same millisecond.
+        let again = a
+            .login(TOKEN, net(1), T0 + 2000)
+            .expect("ok")
+            .expect("right");
+        assert_eq!(
+            a.is_admin(&with_cookie(&again), net(1), T0 + 2000),
+            Ok(true)
+        );
+    }
+
+    #[test]
+    fn the_session_depends_on_the_token_and_the_server_secret() {
+        let a = auth();
+        let cookie = a.login(TOKEN, net(1), T0).expect("ok").expect("right");
+        let mut config = ServeConfig::for_db("/tmp/unused.sqlite");
+        config.admin_token = Some(TOKEN.into());
+        let other_secret = Auth::new(&config, &ServerSecret::from_bytes([2; 32]));
+        assert_eq!(
+            other_secret.is_admin(&with_cookie(&cookie), net(1), T0),
+            Ok(false)
+        );
+        config.admin_token = Some("another-admin-token-456".into());
+        let other_token = Auth::new(&config, &ServerSecret::from_bytes([1; 32]));
+        assert_eq!(
+            other_token.is_admin(&with_cookie(&cookie), net(1), T0),
+            Ok(false)
+        );
+    }
+
+    #[test]
+    fn wrong_guesses_are_throttled_per_network() {
+        let a = auth();
+        for i in 0..FAILURES_PER_MINUTE {
+            assert_eq!(
+                a.login("wrong-guess-0000000", net(1), T0),
+                Ok(None),
+                "guess {i}"
+            );
+        }
+        // Throttled now, even with the right token: it is not compared.
+        let throttled = a.login(TOKEN, net(1), T0).expect_err("throttled");
+        assert!((1..=6).contains(&throttled.retry_after), "{throttled:?}");
+        assert!(a.is_admin(&with_bearer("wrong"), net(1), T0).is_err());
+        assert!(
+            a.may_read_metrics(&with_bearer("x"), net(1), T0 * 1000)
+                .is_err()
+        );
+        // Other networks are not affected; the network recovers with time.
+        assert!(matches!(a.login(TOKEN, net(2), T0), Ok(Some(_))));
+        assert!(matches!(a.login(TOKEN, net(1), T0 + 6_000), Ok(Some(_))));
+    }
+
+    #[test]
+    fn bearer_tokens_and_metrics() {
+        let a = auth();
+        assert_eq!(a.is_admin(&with_bearer(TOKEN), net(1), T0), Ok(true));
+        assert_eq!(a.is_admin(&with_bearer("nope"), net(1), T0), Ok(false));
+        assert_eq!(a.is_admin(&HeaderMap::new(), net(1), T0), Ok(false));
+        let us = T0 * 1000;
+        assert_eq!(a.may_read_metrics(&HeaderMap::new(), net(1), us), Ok(false));
+        assert_eq!(
+            a.may_read_metrics(&with_bearer("metrics-token-0123456"), net(1), us),
+            Ok(true)
+        );
+        // The admin token is not the metrics token.
+        assert_eq!(
+            a.may_read_metrics(&with_bearer(TOKEN), net(1), us),
+            Ok(false)
+        );
+    }
+}
