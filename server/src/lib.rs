@@ -12,11 +12,11 @@ pub mod ingest;
 pub mod limits;
 pub mod metrics;
 pub mod privacy;
+pub mod serve;
 pub mod sites;
 pub mod store;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,18 +57,17 @@ pub async fn run(
             stop_rx,
         ))
     });
-    let state = AppState::new(store, ingest, clock, config, metrics);
-    let app = http::app(state).into_make_service_with_connect_info::<SocketAddr>();
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let server = config.server;
+    let state = AppState::new(store, ingest, clock, config, Arc::clone(&metrics));
+    // Serves until `shutdown`, then within the grace period; handlers get the peer address as
+    // `ConnectInfo<SocketAddr>` from the server loop.
+    serve::serve(listener, http::app(state), server, metrics, shutdown).await;
     // The router (and with it every queue sender) is dropped now: the writer drains and stops.
     let _ = stop_tx.send(true);
     if let Some(pruner) = pruner {
         let _ = pruner.await;
     }
     writer.await?;
-    served?;
     Ok(())
 }
 

@@ -42,6 +42,13 @@ pub struct Metrics {
     pub oldest_pending_seconds: Gauge<f64, AtomicU64>,
     pub commit_seconds: Histogram,
     pub batch_records: Histogram,
+    /// HTTP connections being served now (refused ones not included).
+    pub connections_open: Gauge,
+    /// Connections answered 503 `too_many_connections` at the connection cap.
+    pub connections_refused: Counter,
+    /// Connections the server closed on a limit, by reason (`idle_timeout`, `header_timeout`,
+    /// `body_timeout`, `shutdown_grace`).
+    pub connections_cut: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -98,6 +105,24 @@ impl Metrics {
             "Records per committed batch",
             batch_records.clone(),
         );
+        let connections_open = Gauge::default();
+        registry.register(
+            "connections_open",
+            "HTTP connections being served",
+            connections_open.clone(),
+        );
+        let connections_refused = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Connections refused with 503 at the connection cap",
+            connections_refused.clone(),
+        );
+        let connections_cut = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "connections_cut",
+            "Connections closed by the server on a timeout or at the end of the shutdown grace",
+            connections_cut.clone(),
+        );
         Self {
             registry,
             hits,
@@ -108,6 +133,9 @@ impl Metrics {
             oldest_pending_seconds,
             commit_seconds,
             batch_records,
+            connections_open,
+            connections_refused,
+            connections_cut,
         }
     }
 

@@ -4,6 +4,7 @@ mod bad_input;
 mod badge;
 mod cli;
 mod concurrency;
+mod connections;
 mod crash;
 mod dashboard;
 mod days;
