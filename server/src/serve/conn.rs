@@ -1,16 +1,15 @@
 //! One connection, served until it ends, times out, or shutdown cuts it.
 //!
 //! Contract:
-//! - With no request open, a connection is closed `idle_timeout` after it went quiet (its
-//!   accept, or the end of its last answer), or `header_timeout` after the first byte that
-//!   followed, whichever phase it is in. The first rule bounds idle keep-alive connections and
-//!   silent sockets; the second bounds a request head sent byte by byte (slowloris). Both are
-//!   kept here, over the socket, for HTTP/1 and HTTP/2 alike: hyper's own HTTP/1
-//!   `header_read_timeout` starts as soon as a connection goes idle, so it cannot tell a
-//!   10 s header budget from a 75 s keep-alive (see `connections::idle_keep_alive_outlives_the_header_timeout`).
-//! - A request's body must arrive within `body_timeout` of its head; otherwise the handler's
-//!   read fails and the answer is replaced by a 408 `request_timeout` (HTTP/1: with
-//!   `Connection: close`).
+//! - A new connection must deliver its first request head within `header_timeout` of its
+//!   accept (a silent socket is a slowloris too). After an answer, with no request open, it is
+//!   closed `idle_timeout` after that answer, or `header_timeout` after the first byte that
+//!   followed, whichever phase it is in: the first rule bounds idle keep-alive connections,
+//!   the second a request head sent byte by byte. Both clocks are kept here, over the socket,
+//!   for HTTP/1 and HTTP/2 alike: hyper's own HTTP/1 `header_read_timeout` starts as soon as a
+//!   connection goes idle, so it cannot tell a 10 s header budget from a 75 s keep-alive (see
+//!   `connections::idle_keep_alive_outlives_the_header_timeout`).
+//! - A request's body must arrive within `body_timeout` of its head (see [`super::body`]).
 //! - Handlers see the peer as `ConnectInfo<SocketAddr>` in the request extensions.
 //! - On shutdown, hyper's graceful shutdown runs (HTTP/1 closes once idle, HTTP/2 sends GOAWAY)
 //!   while requests in flight finish; the server drops what is left after the grace period.
@@ -25,23 +24,21 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::Json;
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::http::{HeaderValue, Request, Response, StatusCode, Version, header};
-use axum::response::IntoResponse;
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use axum::http::{Request, Response};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
-use tally_wire::ErrorBody;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, watch};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::ServerConfig;
+use super::body::{Answer, TimedBody, request_timeout};
 use crate::metrics::{Metrics, ReasonLabel};
 
 /// What every connection of one server shares.
@@ -59,18 +56,20 @@ pub(crate) struct Shared {
 struct Phase {
     /// Requests whose answer has not been fully handed to the socket yet.
     open: usize,
-    /// When the connection last had no request open: its accept, or the end of an answer.
+    /// When the connection's last answer was sent (its accept, until then).
     quiet_since: Instant,
-    /// When the first byte after `quiet_since` arrived, i.e. a request head is on its way.
+    /// When the head of the next request started: its first byte, or the accept for a new
+    /// connection (which owes a request at once).
     head_since: Option<Instant>,
 }
 
 /// Why the watchdog closed a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Expiry {
-    /// No request and no byte for `idle_timeout`.
+    /// No request and no byte for `idle_timeout` after an answer.
     Idle,
-    /// A request head not complete `header_timeout` after its first byte.
+    /// A request head not complete `header_timeout` after its first byte (or after the
+    /// accept, for a new connection).
     Header,
 }
 
@@ -93,12 +92,13 @@ pub(crate) struct Activity {
 }
 
 impl Activity {
+    /// A connection accepted at `now`: its first head is due within the header timeout.
     pub fn new(now: Instant) -> Self {
         Self {
             phase: Mutex::new(Phase {
                 open: 0,
                 quiet_since: now,
-                head_since: None,
+                head_since: Some(now),
             }),
             changed: Notify::new(),
         }
@@ -288,12 +288,8 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         let timed_out = Arc::new(AtomicBool::new(false));
         let (mut parts, body) = request.into_parts();
         parts.extensions.insert(ConnectInfo(self.peer));
-        let body = TimedBody {
-            inner: body,
-            deadline: Instant::now() + self.body_timeout,
-            timer: None,
-            timed_out: Arc::clone(&timed_out),
-        };
+        let deadline = Instant::now() + self.body_timeout;
+        let body = TimedBody::new(body, deadline, Arc::clone(&timed_out));
         let request = Request::from_parts(parts, Body::new(body));
         let router = self.router.clone();
         let body_timeout = self.body_timeout;
@@ -314,104 +310,8 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
             } else {
                 response
             };
-            Ok(response.map(|body| Answer { body, _open: guard }))
+            Ok(response.map(|body| Answer::new(body, guard)))
         })
-    }
-}
-
-/// The 408 that replaces whatever the handler made of a body that did not arrive in time.
-fn request_timeout(version: Version, after: Duration) -> Response<Body> {
-    let body = ErrorBody {
-        error: "request_timeout".to_owned(),
-        message: format!(
-            "the request body did not arrive within {} s",
-            after.as_secs_f64()
-        ),
-    };
-    let mut response = (StatusCode::REQUEST_TIMEOUT, Json(body)).into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if version <= Version::HTTP_11 {
-        // The rest of the body may still be on its way: this connection cannot be reused.
-        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
-}
-
-/// A request body that fails once its deadline passes while the client is still sending it.
-struct TimedBody {
-    inner: Incoming,
-    deadline: Instant,
-    /// Created on the first wait, so requests without a body never arm a timer.
-    timer: Option<Pin<Box<Sleep>>>,
-    /// Tells the service to answer 408 whatever the handler made of the failure.
-    timed_out: Arc<AtomicBool>,
-}
-
-/// The error a handler's body read sees after `body_timeout` (in its source chain); whatever
-/// the handler answers is then replaced by the 408.
-#[derive(Debug, thiserror::Error)]
-#[error("the request body did not arrive in time")]
-pub struct BodyTimeout;
-
-impl HttpBody for TimedBody {
-    type Data = Bytes;
-    type Error = axum::BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
-        let this = &mut *self;
-        if this.timed_out.load(Ordering::Relaxed) {
-            return Poll::Ready(Some(Err(BodyTimeout.into())));
-        }
-        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
-        }
-        let deadline = this.deadline;
-        let timer = this
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if timer.as_mut().poll(cx).is_ready() {
-            this.timed_out.store(true, Ordering::Release);
-            return Poll::Ready(Some(Err(BodyTimeout.into())));
-        }
-        Poll::Pending
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// An answer's body, holding its request open until hyper has sent it (or dropped it).
-pub(crate) struct Answer {
-    body: Body,
-    _open: RequestGuard,
-}
-
-impl HttpBody for Answer {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 
@@ -432,25 +332,18 @@ mod tests {
         let config = config();
         let start = Instant::now();
         let activity = Arc::new(Activity::new(start));
+        let first_head = Some((start + config.header_timeout, Expiry::Header));
         assert_eq!(
             activity.deadline(&config),
-            Some((start + config.idle_timeout, Expiry::Idle)),
-            "a fresh connection may stay silent for the idle timeout"
+            first_head,
+            "a new connection owes its first head within the header timeout"
         );
         tokio::time::advance(Duration::from_secs(5)).await;
         activity.bytes_arrived();
-        let head = start + Duration::from_secs(5);
         assert_eq!(
             activity.deadline(&config),
-            Some((head + config.header_timeout, Expiry::Header)),
-            "the first byte starts the header clock"
-        );
-        tokio::time::advance(Duration::from_secs(3)).await;
-        activity.bytes_arrived();
-        assert_eq!(
-            activity.deadline(&config),
-            Some((head + config.header_timeout, Expiry::Header)),
-            "later bytes of the head do not extend it"
+            first_head,
+            "bytes do not extend it"
         );
         let request = activity.request_started();
         let second = activity.request_started();
@@ -464,11 +357,26 @@ mod tests {
         assert_eq!(activity.deadline(&config), None, "one request still open");
         tokio::time::advance(Duration::from_secs(100)).await;
         drop(second);
-        let quiet = start + Duration::from_secs(108);
+        let quiet = start + Duration::from_secs(105);
         assert_eq!(
             activity.deadline(&config),
             Some((quiet + config.idle_timeout, Expiry::Idle)),
-            "the idle clock restarts when the last answer is sent"
+            "the idle clock starts when the last answer is sent"
+        );
+        tokio::time::advance(Duration::from_secs(30)).await;
+        activity.bytes_arrived();
+        let head = quiet + Duration::from_secs(30);
+        assert_eq!(
+            activity.deadline(&config),
+            Some((head + config.header_timeout, Expiry::Header)),
+            "the first byte of the next head starts the header clock"
+        );
+        tokio::time::advance(Duration::from_secs(3)).await;
+        activity.bytes_arrived();
+        assert_eq!(
+            activity.deadline(&config),
+            Some((head + config.header_timeout, Expiry::Header)),
+            "later bytes of the head do not extend it"
         );
     }
 }

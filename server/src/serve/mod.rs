@@ -15,16 +15,17 @@
 //!   they are logged at most once per [`ACCEPT_LOG_INTERVAL`] with a count.
 //! - Request heads are bounded by [`MAX_HEADER_BYTES`] (HTTP/1: 431 from hyper, before any
 //!   handler; HTTP/2: the advertised header list size).
-//! - Timeouts per connection: see [`conn`].
+//! - Timeouts per connection: see [`conn`] (heads, idle) and [`body`] (bodies, 408).
 //! - Shutdown: when `shutdown` resolves the listener is closed, every connection starts a
 //!   graceful shutdown, and after `shutdown_grace` whatever is still connected is dropped.
 //!   [`serve`] returns only when every connection task has ended, so the router (and the ingest
 //!   queue senders inside it) is gone and the writer can drain.
 
+mod body;
 mod conn;
 pub mod os;
 
-pub use conn::BodyTimeout;
+pub use body::BodyTimeout;
 
 use std::future::Future;
 use std::io;
@@ -167,9 +168,11 @@ pub async fn serve(
                         }
                     }
                 }
-                Err(e) if is_per_connection(&e) => errors.record(&e, false),
+                Err(e) if is_per_connection(&e) => {
+                    tracing::debug!(error = %e, "accept failed for one connection");
+                }
                 Err(e) => {
-                    errors.record(&e, true);
+                    errors.record(&e);
                     tokio::select! {
                         () = &mut shutdown => break,
                         () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
@@ -292,7 +295,7 @@ struct AcceptErrors {
 }
 
 impl AcceptErrors {
-    fn record(&mut self, e: &io::Error, backing_off: bool) {
+    fn record(&mut self, e: &io::Error) {
         self.unlogged += 1;
         let now = Instant::now();
         if self
@@ -304,7 +307,7 @@ impl AcceptErrors {
         tracing::warn!(
             error = %e,
             errors = self.unlogged,
-            backing_off,
+            backoff_ms = ACCEPT_BACKOFF.as_millis(),
             "accept failed (logged at most every {} s)",
             ACCEPT_LOG_INTERVAL.as_secs()
         );
@@ -337,14 +340,14 @@ mod tests {
     async fn accept_errors_are_logged_once_per_interval() {
         let mut errors = AcceptErrors::default();
         let e = io::Error::from_raw_os_error(24); // EMFILE
-        errors.record(&e, true);
+        errors.record(&e);
         assert_eq!(errors.unlogged, 0, "the first error is logged");
         for _ in 0..1000 {
-            errors.record(&e, true);
+            errors.record(&e);
         }
         assert_eq!(errors.unlogged, 1000, "then counted, not logged");
         tokio::time::advance(ACCEPT_LOG_INTERVAL).await;
-        errors.record(&e, true);
+        errors.record(&e);
         assert_eq!(errors.unlogged, 0, "one line per interval, with the count");
         assert!(!is_per_connection(&e), "EMFILE backs off");
         assert!(is_per_connection(&io::Error::from(
