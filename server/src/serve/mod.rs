@@ -7,8 +7,9 @@
 //!   limit, which is first raised to its hard maximum). Past the cap a connection is still
 //!   accepted and answered `503` with `Retry-After: 1`, `Connection: close` and
 //!   `{"error":"too_many_connections",…}`, then closed: clients and proxies see a clear,
-//!   retryable refusal instead of a hanging connect. At most [`REFUSAL_SLOTS`] refusals are
-//!   in progress; beyond that a connection is closed unanswered.
+//!   retryable refusal instead of a hanging connect. At most [`REFUSAL_SLOTS`] refusals wait
+//!   for the client's request and close cleanly; beyond that the answer is written without
+//!   waiting and the socket closed at once.
 //! - The accept backlog is raised (see [`os`]) so a burst of connects is queued, not dropped.
 //! - Accept errors never spin the loop: errors of one connection are skipped, resource errors
 //!   (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) pause accepting for [`ACCEPT_BACKOFF`], and
@@ -159,11 +160,19 @@ pub async fn serve(
                             metrics.connections_refused.inc();
                             // Refusals hold no application state and end within twice
                             // REFUSAL_LINGER: they run detached, even past shutdown.
-                            if let Ok(slot) = Arc::clone(&refusals).try_acquire_owned() {
-                                tokio::spawn(async move {
-                                    refuse(stream).await;
-                                    drop(slot);
-                                });
+                            match Arc::clone(&refusals).try_acquire_owned() {
+                                Ok(slot) => {
+                                    tokio::spawn(async move {
+                                        refuse(stream).await;
+                                        drop(slot);
+                                    });
+                                }
+                                // No slot: the answer goes into the empty send buffer at once
+                                // and the socket closes; a request the client sends after
+                                // that meets a reset, but the answer is already on its side.
+                                Err(_) => {
+                                    let _ = stream.try_write(REFUSAL);
+                                }
                             }
                         }
                     }
