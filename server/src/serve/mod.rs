@@ -30,6 +30,7 @@ pub use body::BodyTimeout;
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,58 +126,28 @@ pub async fn serve(
             "connection cap lowered to fit the open-file limit"
         );
     }
-    let shared = Arc::new(Shared {
-        builder: builder(),
-        router,
-        config,
-        metrics: Arc::clone(&metrics),
-    });
-    let permits = Arc::new(Semaphore::new(cap));
-    let refusals = Arc::new(Semaphore::new(REFUSAL_SLOTS));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut tasks = JoinSet::new();
+    let mut acceptor = Acceptor {
+        shared: Arc::new(Shared {
+            builder: builder(),
+            router,
+            config,
+            metrics: Arc::clone(&metrics),
+        }),
+        permits: Arc::new(Semaphore::new(cap)),
+        refusals: Arc::new(Semaphore::new(REFUSAL_SLOTS)),
+        stop: stop_rx,
+        tasks: JoinSet::new(),
+    };
     let mut errors = AcceptErrors::default();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             biased;
             () = &mut shutdown => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            Some(_) = acceptor.tasks.join_next(), if !acceptor.tasks.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    // Small answers go out at once instead of waiting for the client's ACK.
-                    let _ = stream.set_nodelay(true);
-                    match Arc::clone(&permits).try_acquire_owned() {
-                        Ok(permit) => {
-                            let open = OpenConnection::new(&metrics, permit);
-                            let shared = Arc::clone(&shared);
-                            let stop = stop_rx.clone();
-                            tasks.spawn(async move {
-                                conn::serve_connection(stream, peer, shared, stop).await;
-                                drop(open);
-                            });
-                        }
-                        Err(_) => {
-                            metrics.connections_refused.inc();
-                            // Refusals hold no application state and end within twice
-                            // REFUSAL_LINGER: they run detached, even past shutdown.
-                            match Arc::clone(&refusals).try_acquire_owned() {
-                                Ok(slot) => {
-                                    tokio::spawn(async move {
-                                        refuse(stream).await;
-                                        drop(slot);
-                                    });
-                                }
-                                // No slot: the answer goes into the empty send buffer at once
-                                // and the socket closes; a request the client sends after
-                                // that meets a reset, but the answer is already on its side.
-                                Err(_) => {
-                                    let _ = stream.try_write(REFUSAL);
-                                }
-                            }
-                        }
-                    }
-                }
+                Ok((stream, peer)) => acceptor.admit(stream, peer),
                 Err(e) if is_per_connection(&e) => {
                     tracing::debug!(error = %e, "accept failed for one connection");
                 }
@@ -191,17 +162,70 @@ pub async fn serve(
         }
     }
     drop(listener);
-    let open = tasks.len();
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(config.shutdown_grace, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
+    drain(acceptor.tasks, config.shutdown_grace, &metrics).await;
+}
+
+/// The accept loop's state: what connections share, the cap, and the connection tasks.
+struct Acceptor {
+    shared: Arc<Shared>,
+    /// One permit per connection served; `max_connections` (or less, see [`os`]).
+    permits: Arc<Semaphore>,
+    /// One per refusal that waits for the client (see [`refuse`]).
+    refusals: Arc<Semaphore>,
+    /// Turns true at shutdown; every connection holds a receiver.
+    stop: watch::Receiver<bool>,
+    /// Every connection being served (refusals run detached).
+    tasks: JoinSet<()>,
+}
+
+impl Acceptor {
+    /// Serve an accepted connection, or refuse it past the cap.
+    fn admit(&mut self, stream: TcpStream, peer: SocketAddr) {
+        // Small answers go out at once instead of waiting for the client's ACK.
+        let _ = stream.set_nodelay(true);
+        let metrics = &self.shared.metrics;
+        let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
+            metrics.connections_refused.inc();
+            match Arc::clone(&self.refusals).try_acquire_owned() {
+                // Refusals hold no application state and end within twice REFUSAL_LINGER:
+                // they run detached, even past shutdown.
+                Ok(slot) => {
+                    tokio::spawn(async move {
+                        refuse(stream).await;
+                        drop(slot);
+                    });
+                }
+                // No slot: the answer goes into the empty send buffer at once and the socket
+                // closes; a request the client sends after that meets a reset, but the answer
+                // is already on its side.
+                Err(_) => {
+                    let _ = stream.try_write(REFUSAL);
+                }
+            }
+            return;
+        };
+        let open = OpenConnection::new(metrics, permit);
+        let shared = Arc::clone(&self.shared);
+        let stop = self.stop.clone();
+        self.tasks.spawn(async move {
+            conn::serve_connection(stream, peer, shared, stop).await;
+            drop(open);
+        });
+    }
+}
+
+/// Wait for every connection (they are shutting down gracefully) for at most `grace`, then
+/// drop the ones left.
+async fn drain(mut tasks: JoinSet<()>, grace: Duration, metrics: &Metrics) {
+    let open = tasks.len();
+    let drained =
+        tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         let left = tasks.len();
         tracing::warn!(
             connections = left,
-            grace_secs = config.shutdown_grace.as_secs_f64(),
+            grace_secs = grace.as_secs_f64(),
             "closing connections still open at the end of the shutdown grace"
         );
         metrics
@@ -261,15 +285,20 @@ fn builder() -> Builder<TokioExecutor> {
     builder
 }
 
-/// Answer a connection past the cap, then close it without resetting it.
+/// Answer a connection past the cap, then close it without resetting it. Each step is
+/// bounded by [`REFUSAL_LINGER`].
 async fn refuse(mut stream: TcpStream) {
+    // The answer follows the request head: an HTTP client that receives an answer before it
+    // has sent its request treats it as a broken connection, not as a 503. A silent client
+    // gets the answer when the wait ends.
+    let _ = tokio::time::timeout(REFUSAL_LINGER, read_head(&mut stream)).await;
     let written = tokio::time::timeout(REFUSAL_LINGER, stream.write_all(REFUSAL)).await;
     if !matches!(written, Ok(Ok(()))) {
         return;
     }
     let _ = stream.shutdown().await;
-    // Read what the client sent until it closes (it will: the answer says so), so the close is
-    // a FIN, not a reset that could discard the answer before the client reads it.
+    // Read what else the client sends until it closes (it will: the answer says so), so the
+    // close is a FIN, not a reset that could discard the answer before the client reads it.
     let _ = tokio::time::timeout(REFUSAL_LINGER, async {
         let mut sink = [0u8; 4096];
         let mut left = 64 * 1024usize;
@@ -281,6 +310,22 @@ async fn refuse(mut stream: TcpStream) {
         }
     })
     .await;
+}
+
+/// Read until the end of a request head (`\r\n\r\n`), the end of the stream, or
+/// [`MAX_HEADER_BYTES`].
+async fn read_head(stream: &mut TcpStream) {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    while head.len() < MAX_HEADER_BYTES {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+            return;
+        }
+    }
 }
 
 /// Errors that concern one connection only: skip it and accept the next at once.
