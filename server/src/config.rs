@@ -15,6 +15,7 @@ use crate::core::forwarded::{ProxyError, ProxyHeader, TrustedProxies};
 use crate::core::hit::TimeWindow;
 use crate::ingest::IngestConfig;
 use crate::secrets::{Secret, SecretSource, TokenError, check_token};
+use crate::serve::ServerConfig;
 use crate::store::sqlite::SyncMode;
 
 /// Options of `tally serve` as given on the command line or in the environment. Every field is
@@ -115,6 +116,21 @@ pub struct ServeArgs {
     /// Batch requests (`/api/v1/events`) read and parsed at once; more get 503.
     #[arg(long, env = "TALLY_BATCH_CONCURRENCY")]
     pub batch_concurrency: Option<usize>,
+    /// Seconds a client has to send a request's headers, from their first byte.
+    #[arg(long, env = "TALLY_HEADER_TIMEOUT_SECS")]
+    pub header_timeout_secs: Option<u64>,
+    /// Seconds a request's body may take to arrive, from the end of its headers (then 408).
+    #[arg(long, env = "TALLY_BODY_TIMEOUT_SECS")]
+    pub body_timeout_secs: Option<u64>,
+    /// Seconds a connection may stay idle between requests before it is closed.
+    #[arg(long, env = "TALLY_IDLE_TIMEOUT_SECS")]
+    pub idle_timeout_secs: Option<u64>,
+    /// Connections served at once; past it, new ones are answered 503 and closed.
+    #[arg(long, env = "TALLY_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Seconds shutdown waits for requests in flight before closing every connection.
+    #[arg(long, env = "TALLY_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: Option<u64>,
 }
 
 /// The resolved configuration of a running collector.
@@ -152,6 +168,8 @@ pub struct ServeConfig {
     pub page_days: u32,
     pub stats_concurrency: usize,
     pub batch_concurrency: usize,
+    /// Timeouts, connection cap and shutdown grace of the HTTP server loop.
+    pub server: ServerConfig,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -183,6 +201,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("page_days", &self.page_days)
             .field("stats_concurrency", &self.stats_concurrency)
             .field("batch_concurrency", &self.batch_concurrency)
+            .field("server", &self.server)
             .finish()
     }
 }
@@ -223,6 +242,8 @@ pub enum ConfigError {
         "page-days ({page_days}) needs raw events pruned no later (retention-days {retention_days}, 0 = never): set retention-days to at most page-days"
     )]
     PageDays { page_days: u32, retention_days: u32 },
+    #[error("{name} must be at least 1")]
+    Zero { name: &'static str },
 }
 
 /// Default database file.
@@ -476,6 +497,13 @@ impl ServeConfig {
                 .or(f.batch_concurrency)
                 .unwrap_or(DEFAULT_BATCH_CONCURRENCY)
                 .max(1),
+            server: server_config(ServerFlags {
+                header_timeout_secs: args.header_timeout_secs.or(f.header_timeout_secs),
+                body_timeout_secs: args.body_timeout_secs.or(f.body_timeout_secs),
+                idle_timeout_secs: args.idle_timeout_secs.or(f.idle_timeout_secs),
+                max_connections: args.max_connections.or(f.max_connections),
+                shutdown_grace_secs: args.shutdown_grace_secs.or(f.shutdown_grace_secs),
+            })?,
         })
     }
 
@@ -497,6 +525,57 @@ impl ServeConfig {
         config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config
     }
+}
+
+/// The server loop's options, flags already merged over the file.
+struct ServerFlags {
+    header_timeout_secs: Option<u64>,
+    body_timeout_secs: Option<u64>,
+    idle_timeout_secs: Option<u64>,
+    max_connections: Option<usize>,
+    shutdown_grace_secs: Option<u64>,
+}
+
+/// The server loop's settings over [`ServerConfig::default`]; zero is refused (a zero timeout
+/// or cap would make the server answer nothing).
+fn server_config(flags: ServerFlags) -> Result<ServerConfig, ConfigError> {
+    let defaults = ServerConfig::default();
+    let secs = |name, given: Option<u64>, default: Duration| match given {
+        Some(0) => Err(ConfigError::Zero { name }),
+        Some(s) => Ok(Duration::from_secs(s)),
+        None => Ok(default),
+    };
+    let max_connections = match flags.max_connections {
+        Some(0) => {
+            return Err(ConfigError::Zero {
+                name: "max-connections",
+            });
+        }
+        given => given.unwrap_or(defaults.max_connections),
+    };
+    Ok(ServerConfig {
+        header_timeout: secs(
+            "header-timeout-secs",
+            flags.header_timeout_secs,
+            defaults.header_timeout,
+        )?,
+        body_timeout: secs(
+            "body-timeout-secs",
+            flags.body_timeout_secs,
+            defaults.body_timeout,
+        )?,
+        idle_timeout: secs(
+            "idle-timeout-secs",
+            flags.idle_timeout_secs,
+            defaults.idle_timeout,
+        )?,
+        max_connections,
+        shutdown_grace: secs(
+            "shutdown-grace-secs",
+            flags.shutdown_grace_secs,
+            defaults.shutdown_grace,
+        )?,
+    })
 }
 
 #[cfg(test)]
@@ -614,5 +693,26 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(ServeConfig::resolve(args, None, FileConfig::default()).is_err());
+    }
+
+    #[test]
+    fn server_limits_come_from_flags_and_file_and_refuse_zero() {
+        let file: FileConfig =
+            toml::from_str("idle-timeout-secs = 5\nmax-connections = 300").expect("toml");
+        let args = ServeArgs {
+            header_timeout_secs: Some(3),
+            max_connections: Some(200),
+            ..ServeArgs::default()
+        };
+        let c = ServeConfig::resolve(args, None, file).expect("valid");
+        assert_eq!(c.server.header_timeout, Duration::from_secs(3));
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(5));
+        assert_eq!(c.server.max_connections, 200);
+        assert_eq!(c.server.body_timeout, ServerConfig::default().body_timeout);
+        let zero = ServeArgs {
+            shutdown_grace_secs: Some(0),
+            ..ServeArgs::default()
+        };
+        assert!(ServeConfig::resolve(zero, None, FileConfig::default()).is_err());
     }
 }

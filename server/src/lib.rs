@@ -14,11 +14,11 @@ pub mod limits;
 pub mod metrics;
 pub mod privacy;
 pub mod secrets;
+pub mod serve;
 pub mod sites;
 pub mod store;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,16 +68,15 @@ pub async fn run(
         },
         stop_rx,
     ));
-    let state = AppState::new(store, ingest, clock, config, metrics, secret);
-    let app = http::app(state).into_make_service_with_connect_info::<SocketAddr>();
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let server = config.server;
+    let state = AppState::new(store, ingest, clock, config, Arc::clone(&metrics), secret);
+    // Serves until `shutdown`, then within the grace period; handlers get the peer address as
+    // `ConnectInfo<SocketAddr>` from the server loop.
+    serve::serve(listener, http::app(state), server, metrics, shutdown).await;
     // The router (and with it every queue sender) is dropped now: the writer drains and stops.
     let _ = stop_tx.send(true);
     let _ = pruner.await;
     writer.await?;
-    served?;
     Ok(())
 }
 

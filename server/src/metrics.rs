@@ -46,6 +46,13 @@ pub struct Metrics {
     pub disk_free_bytes: Gauge<i64, AtomicI64>,
     /// 1 when the storage probe passes (file present, disk above its floor), else 0.
     pub storage_up: Gauge<i64, AtomicI64>,
+    /// HTTP connections being served now (refused ones not included).
+    pub connections_open: Gauge,
+    /// Connections answered 503 `too_many_connections` at the connection cap.
+    pub connections_refused: Counter,
+    /// Connections the server closed on a limit, by reason (`idle_timeout`, `header_timeout`,
+    /// `body_timeout`, `shutdown_grace`).
+    pub connections_cut: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -114,6 +121,24 @@ impl Metrics {
             "1 when the storage probe passes (database file present, disk above the floor)",
             storage_up.clone(),
         );
+        let connections_open = Gauge::default();
+        registry.register(
+            "connections_open",
+            "HTTP connections being served",
+            connections_open.clone(),
+        );
+        let connections_refused = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Connections refused with 503 at the connection cap",
+            connections_refused.clone(),
+        );
+        let connections_cut = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "connections_cut",
+            "Connections closed by the server on a timeout or at the end of the shutdown grace",
+            connections_cut.clone(),
+        );
         Self {
             registry,
             disk_free_bytes,
@@ -126,6 +151,9 @@ impl Metrics {
             oldest_pending_seconds,
             commit_seconds,
             batch_records,
+            connections_open,
+            connections_refused,
+            connections_cut,
         }
     }
 

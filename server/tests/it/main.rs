@@ -6,6 +6,7 @@ mod badge;
 mod bots;
 mod cli;
 mod concurrency;
+mod connections;
 mod crash;
 mod dashboard;
 mod days;

@@ -1,0 +1,382 @@
+//! One connection, served until it ends, times out, or shutdown cuts it.
+//!
+//! Contract:
+//! - A new connection must deliver its first request head within `header_timeout` of its
+//!   accept (a silent socket is a slowloris too). After an answer, with no request open, it is
+//!   closed `idle_timeout` after that answer, or `header_timeout` after the first byte that
+//!   followed, whichever phase it is in: the first rule bounds idle keep-alive connections,
+//!   the second a request head sent byte by byte. Both clocks are kept here, over the socket,
+//!   for HTTP/1 and HTTP/2 alike: hyper's own HTTP/1 `header_read_timeout` starts as soon as a
+//!   connection goes idle, so it cannot tell a 10 s header budget from a 75 s keep-alive (see
+//!   `connections::idle_keep_alive_outlives_the_header_timeout`).
+//! - A request's body must arrive within `body_timeout` of its head (see [`super::body`]).
+//! - Handlers see the peer as `ConnectInfo<SocketAddr>` in the request extensions.
+//! - On shutdown, hyper's graceful shutdown runs (HTTP/1 closes once idle, HTTP/2 sends GOAWAY)
+//!   while requests in flight finish; the server drops what is left after the grace period.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use super::ServerConfig;
+use super::body::{Answer, TimedBody, request_timeout};
+use crate::metrics::{Metrics, ReasonLabel};
+
+/// What every connection of one server shares.
+pub(crate) struct Shared {
+    /// HTTP/1 and HTTP/2 settings (header size bounds); built once.
+    pub builder: Builder<TokioExecutor>,
+    /// The application; cloned per request (an `Arc` inside).
+    pub router: Router,
+    pub config: ServerConfig,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Where a connection stands between requests.
+#[derive(Debug)]
+struct Phase {
+    /// Requests whose answer has not been fully handed to the socket yet.
+    open: usize,
+    /// When the connection's last answer was sent (its accept, until then).
+    quiet_since: Instant,
+    /// When the head of the next request started: its first byte, or the accept for a new
+    /// connection (which owes a request at once).
+    head_since: Option<Instant>,
+}
+
+/// Why the watchdog closed a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    /// No request and no byte for `idle_timeout` after an answer.
+    Idle,
+    /// A request head not complete `header_timeout` after its first byte (or after the
+    /// accept, for a new connection).
+    Header,
+}
+
+impl Expiry {
+    /// The metric label.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Expiry::Idle => "idle_timeout",
+            Expiry::Header => "header_timeout",
+        }
+    }
+}
+
+/// The phase clock of one connection, shared by its I/O, its requests and its watchdog.
+pub(crate) struct Activity {
+    phase: Mutex<Phase>,
+    /// Wakes the watchdog when its deadline may have moved earlier (a head started, or the
+    /// last open request ended).
+    changed: Notify,
+}
+
+impl Activity {
+    /// A connection accepted at `now`: its first head is due within the header timeout.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            phase: Mutex::new(Phase {
+                open: 0,
+                quiet_since: now,
+                head_since: Some(now),
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    fn phase(&self) -> MutexGuard<'_, Phase> {
+        // The phase is three plain fields, valid whatever a panicking holder did.
+        self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Bytes were read from the socket.
+    pub fn bytes_arrived(&self) {
+        let mut phase = self.phase();
+        if phase.open == 0 && phase.head_since.is_none() {
+            phase.head_since = Some(Instant::now());
+            drop(phase);
+            self.changed.notify_one();
+        }
+    }
+
+    /// A request head was parsed; the guard ends the request when its answer is sent or dropped.
+    pub fn request_started(self: &Arc<Self>) -> RequestGuard {
+        let mut phase = self.phase();
+        phase.open += 1;
+        phase.head_since = None;
+        RequestGuard(Arc::clone(self))
+    }
+
+    fn request_finished(&self) {
+        let mut phase = self.phase();
+        phase.open = phase.open.saturating_sub(1);
+        if phase.open == 0 {
+            phase.quiet_since = Instant::now();
+            phase.head_since = None;
+            drop(phase);
+            self.changed.notify_one();
+        }
+    }
+
+    /// When the connection expires if nothing changes, and why; `None` while a request is open.
+    pub fn deadline(&self, config: &ServerConfig) -> Option<(Instant, Expiry)> {
+        let phase = self.phase();
+        if phase.open > 0 {
+            return None;
+        }
+        Some(match phase.head_since {
+            Some(head) => (head + config.header_timeout, Expiry::Header),
+            None => (phase.quiet_since + config.idle_timeout, Expiry::Idle),
+        })
+    }
+}
+
+/// An open request; dropping it (answer sent, or the connection gone) ends the request.
+pub(crate) struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.request_finished();
+    }
+}
+
+/// Serve one accepted connection until it ends, its watchdog expires it, or it is dropped.
+pub(crate) async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity::new(Instant::now()));
+    let io = TokioIo::new(Watched {
+        stream,
+        activity: Arc::clone(&activity),
+    });
+    let service = ConnService {
+        router: shared.router.clone(),
+        peer,
+        activity: Arc::clone(&activity),
+        body_timeout: shared.config.body_timeout,
+        metrics: Arc::clone(&shared.metrics),
+    };
+    let conn = shared.builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let watchdog = tokio::time::sleep(shared.config.idle_timeout);
+    tokio::pin!(watchdog);
+    let mut stopping = false;
+    loop {
+        let deadline = activity.deadline(&shared.config);
+        if let Some((at, _)) = deadline
+            && watchdog.deadline() != at
+        {
+            watchdog.as_mut().reset(at);
+        }
+        tokio::select! {
+            served = conn.as_mut() => {
+                if let Err(e) = served {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = activity.changed.notified() => {}
+            () = &mut watchdog, if deadline.is_some() => {
+                if let Some((at, why)) = activity.deadline(&shared.config)
+                    && at <= Instant::now()
+                {
+                    tracing::debug!(reason = why.reason(), "closing connection");
+                    shared.metrics.connections_cut.get_or_create(&ReasonLabel { reason: why.reason() }).inc();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The socket, telling the phase clock when bytes arrive.
+struct Watched {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.bytes_arrived();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// The per-connection service: the peer address, the body deadline, the open-request guard.
+#[derive(Clone)]
+struct ConnService {
+    router: Router,
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+    body_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for ConnService {
+    type Response = Response<Answer>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Answer>, Infallible>> + Send>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let guard = self.activity.request_started();
+        let version = request.version();
+        let timed_out = Arc::new(AtomicBool::new(false));
+        let (mut parts, body) = request.into_parts();
+        parts.extensions.insert(ConnectInfo(self.peer));
+        let deadline = Instant::now() + self.body_timeout;
+        let body = TimedBody::new(body, deadline, Arc::clone(&timed_out));
+        let request = Request::from_parts(parts, Body::new(body));
+        let router = self.router.clone();
+        let body_timeout = self.body_timeout;
+        let metrics = Arc::clone(&self.metrics);
+        Box::pin(async move {
+            let response = match router.oneshot(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
+            let response = if timed_out.load(Ordering::Acquire) {
+                metrics
+                    .connections_cut
+                    .get_or_create(&ReasonLabel {
+                        reason: "body_timeout",
+                    })
+                    .inc();
+                request_timeout(version, body_timeout)
+            } else {
+                response
+            };
+            Ok(response.map(|body| Answer::new(body, guard)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ServerConfig {
+        ServerConfig {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(75),
+            ..ServerConfig::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_follows_the_phase() {
+        let config = config();
+        let start = Instant::now();
+        let activity = Arc::new(Activity::new(start));
+        let first_head = Some((start + config.header_timeout, Expiry::Header));
+        assert_eq!(
+            activity.deadline(&config),
+            first_head,
+            "a new connection owes its first head within the header timeout"
+        );
+        tokio::time::advance(Duration::from_secs(5)).await;
+        activity.bytes_arrived();
+        assert_eq!(
+            activity.deadline(&config),
+            first_head,
+            "bytes do not extend it"
+        );
+        let request = activity.request_started();
+        let second = activity.request_started();
+        assert_eq!(
+            activity.deadline(&config),
+            None,
+            "no deadline while answering"
+        );
+        activity.bytes_arrived();
+        drop(request);
+        assert_eq!(activity.deadline(&config), None, "one request still open");
+        tokio::time::advance(Duration::from_secs(100)).await;
+        drop(second);
+        let quiet = start + Duration::from_secs(105);
+        assert_eq!(
+            activity.deadline(&config),
+            Some((quiet + config.idle_timeout, Expiry::Idle)),
+            "the idle clock starts when the last answer is sent"
+        );
+        tokio::time::advance(Duration::from_secs(30)).await;
+        activity.bytes_arrived();
+        let head = quiet + Duration::from_secs(30);
+        assert_eq!(
+            activity.deadline(&config),
+            Some((head + config.header_timeout, Expiry::Header)),
+            "the first byte of the next head starts the header clock"
+        );
+        tokio::time::advance(Duration::from_secs(3)).await;
+        activity.bytes_arrived();
+        assert_eq!(
+            activity.deadline(&config),
+            Some((head + config.header_timeout, Expiry::Header)),
+            "later bytes of the head do not extend it"
+        );
+    }
+}
