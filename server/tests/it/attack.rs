@@ -312,23 +312,28 @@ async fn a_hostile_4_mib_batch_is_refused_before_it_is_built() {
         "batch_too_large"
     );
     let before = server.proc_kib("VmRSS");
+    // 0 stands for "the server closed the connection before reading the body": past the
+    // batch slots it answers 503 at once and does not read 4 MiB it will not parse.
     let answers: Vec<u16> = futures_util::future::join_all((0..16).map(|_| {
         let (http, url, body) = (http.clone(), server.url("/api/v1/events"), body.clone());
         async move {
-            http.post(url)
+            match http
+                .post(url)
                 .header("content-type", "application/json")
                 .body(body)
                 .send()
                 .await
-                .expect("request")
-                .status()
-                .as_u16()
+            {
+                Ok(r) => r.status().as_u16(),
+                Err(e) if e.is_request() => 0,
+                Err(e) => panic!("request: {e}"),
+            }
         }
     }))
     .await;
     let peak = server.proc_kib("VmHWM");
     assert!(
-        answers.iter().all(|s| matches!(s, 400 | 503)),
+        answers.iter().all(|s| matches!(s, 0 | 400 | 503)),
         "{answers:?}"
     );
     // Before the fix one such batch took 300 MB. Now: at most `--batch-concurrency` (8) bodies
