@@ -3,10 +3,12 @@
 //!
 //! Contract: every route module owns `fn router()`; [`app`] merges them and adds the shared
 //! layers — CORS for `/api/*` (origin echoed, `Vary: Origin`, credentials allowed, preflight
-//! answered), `Cache-Control: no-store` on every API answer, JSON 404/405 answers.
+//! answered), `Cache-Control: no-store` on every API answer, JSON 404/405 answers, and
+//! gzip/brotli compression of text answers (`compress`).
 
 mod assets;
 mod badge;
+mod compress;
 mod counts;
 mod dashboard;
 mod error;
@@ -262,6 +264,7 @@ pub fn app(state: AppState) -> Router {
         .merge(assets::router())
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(compress::layer())
         .with_state(state)
 }
 

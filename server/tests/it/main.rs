@@ -4,6 +4,7 @@ mod attack;
 mod bad_input;
 mod badge;
 mod cli;
+mod compression;
 mod concurrency;
 mod crash;
 mod dashboard;
