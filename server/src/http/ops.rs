@@ -1,14 +1,16 @@
 //! Operations endpoints: `/healthz` (the process answers), `/readyz` (the storage probe passes
 //! — the database file is the one opened, the disk is above its floor, a read works — and the
-//! queue has room; the body says why not), `/metrics` (Prometheus text format).
+//! queue has room; the body says why not), `/metrics` (the classic Prometheus text format
+//! 0.0.4, or OpenMetrics 1.0 when the `Accept` header names `application/openmetrics-text`).
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
 use super::AppState;
+use crate::metrics::{CLASSIC_CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE};
 use crate::store::StoreError;
 
 pub fn router() -> Router<AppState> {
@@ -47,7 +49,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
     state.metrics.queue_depth.set(state.ingest.depth() as i64);
     if let Some(free) = state.store.free_bytes() {
         state
@@ -55,11 +57,38 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             .disk_free_bytes
             .set(i64::try_from(free).unwrap_or(i64::MAX));
     }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
+    if wants_openmetrics(&headers) {
+        (
+            [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+            state.metrics.render_openmetrics(),
+        )
+    } else {
+        (
+            [(header::CONTENT_TYPE, CLASSIC_CONTENT_TYPE)],
+            state.metrics.render_classic(),
+        )
+    }
+}
+
+/// Whether `Accept` lists OpenMetrics with a non-zero weight (Prometheus 2.x sends
+/// `application/openmetrics-text;version=1.0.0;q=0.5,…,text/plain;version=0.0.4;q=0.4,*/*;q=0.1`
+/// and parses either; we answer its first choice).
+fn wants_openmetrics(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let is_open = parts
+                .next()
+                .is_some_and(|t| t.eq_ignore_ascii_case("application/openmetrics-text"));
+            let q_zero = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            is_open && !q_zero
+        })
 }

@@ -10,6 +10,7 @@ mod crash;
 mod dashboard;
 mod days;
 mod hits;
+mod metrics;
 mod overload;
 mod store_conformance;
 mod store_migration;
