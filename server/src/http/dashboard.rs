@@ -1,5 +1,6 @@
 //! `GET /dashboard/{site}` (HTML, readable without JavaScript) and its JSON twins
-//! `GET /api/v1/sites/{site}/series` and `/top`.
+//! `GET /api/v1/sites/{site}/series`, `/top` and `/events` (custom events: the 50 names with
+//! most events in the range, each with its days).
 //!
 //! Access: public sites are open; private sites need the admin token, as `Authorization:
 //! Bearer <token>` or the session cookie set by the login form (`POST /dashboard/{site}/login`;
@@ -39,7 +40,11 @@ pub fn api_router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/sites/{site}/series", get(series))
         .route("/api/v1/sites/{site}/top", get(top))
+        .route("/api/v1/sites/{site}/events", get(events))
 }
+
+/// Most custom event names listed (ranked in the database).
+const EVENTS_LIMIT: u32 = 50;
 
 /// Range selection shared by the page and the JSON.
 #[derive(Debug, Deserialize)]
@@ -280,6 +285,68 @@ async fn top(
     }))
 }
 
+#[derive(Serialize)]
+struct EventDayJson {
+    day: String,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct EventJson {
+    name: String,
+    count: u64,
+    days: Vec<EventDayJson>,
+}
+
+#[derive(Serialize)]
+struct EventsResponse {
+    site: String,
+    from: String,
+    to: String,
+    events: Vec<EventJson>,
+}
+
+async fn event_list(
+    state: &AppState,
+    site: &Site,
+    range: DayRange,
+) -> Result<Vec<EventJson>, ApiError> {
+    Ok(state
+        .store
+        .top_events(&site.id, range.from, range.to, EVENTS_LIMIT)
+        .await?
+        .into_iter()
+        .map(|e| EventJson {
+            name: e.name,
+            count: e.count,
+            days: e
+                .days
+                .into_iter()
+                .map(|(day, count)| EventDayJson {
+                    day: day.to_string(),
+                    count,
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+async fn events(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<RangeQuery>, QueryRejection>,
+) -> Result<Json<EventsResponse>, ApiError> {
+    let (site, range, _, _slot) = scope(&state, &raw, &headers, query).await?;
+    let events = event_list(&state, &site, range).await?;
+    Ok(Json(EventsResponse {
+        site: site.id.to_string(),
+        from: range.from.to_string(),
+        to: range.to.to_string(),
+        events,
+    }))
+}
+
 struct Card {
     label: &'static str,
     views: String,
@@ -303,6 +370,14 @@ struct Row {
     live: u64,
 }
 
+struct EventRowView {
+    name: String,
+    count: String,
+    share: u64,
+    /// `2026-05-09: 3 · 2026-05-10: 1`, shown on hover.
+    days: String,
+}
+
 #[derive(Template)]
 #[template(path = "dashboard.html")]
 struct DashboardPage {
@@ -314,6 +389,8 @@ struct DashboardPage {
     chart: String,
     pages: Vec<Row>,
     referrers: Vec<Row>,
+    /// Custom events: name, total, and per-day counts for the hover text.
+    events: Vec<EventRowView>,
     public: bool,
     live_window: u32,
 }
@@ -405,6 +482,8 @@ async fn page(
 
     let chart = daily_chart(&daily_points(&state, &site, range).await?);
     let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
+    let events = event_list(&state, &site, range).await?;
+    let top_event = events.first().map(|e| e.count).unwrap_or(0);
     let top_page = pages.first().map(|p| p.views).unwrap_or(0);
     let top_ref = referrers.first().map(|r| r.views).unwrap_or(0);
     let body = DashboardPage {
@@ -448,6 +527,20 @@ async fn page(
                 label: r.host,
                 views: group(r.views),
                 visitors: String::new(),
+            })
+            .collect(),
+        events: events
+            .into_iter()
+            .map(|e| EventRowView {
+                share: share(e.count, top_event),
+                count: group(e.count),
+                days: e
+                    .days
+                    .iter()
+                    .map(|d| format!("{}: {}", d.day, group(d.count)))
+                    .collect::<Vec<_>>()
+                    .join(" · "),
+                name: e.name,
             })
             .collect(),
         public: site.public,

@@ -9,6 +9,7 @@ mod concurrency;
 mod crash;
 mod dashboard;
 mod days;
+mod events_api;
 mod hits;
 mod metrics;
 mod overload;
