@@ -70,25 +70,26 @@ impl BadgeStyle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadgeColor([u8; 3]);
 
-/// Shields' named colours and their aliases.
+/// Shields' named colours and their aliases, as `badge-maker` 6 draws them (the darker,
+/// higher-contrast set; `blueviolet` is the CSS colour badge-maker also accepts).
 const NAMED: &[(&str, [u8; 3])] = &[
-    ("brightgreen", [0x44, 0xcc, 0x11]),
-    ("success", [0x44, 0xcc, 0x11]),
-    ("green", [0x97, 0xca, 0x00]),
-    ("yellowgreen", [0xa4, 0xa6, 0x1d]),
-    ("yellow", [0xdf, 0xb3, 0x17]),
-    ("orange", [0xfe, 0x7d, 0x37]),
-    ("important", [0xfe, 0x7d, 0x37]),
-    ("red", [0xe0, 0x5d, 0x44]),
-    ("critical", [0xe0, 0x5d, 0x44]),
+    ("brightgreen", [0x44, 0xbb, 0x00]),
+    ("success", [0x44, 0xbb, 0x00]),
+    ("green", [0x67, 0xac, 0x09]),
+    ("yellowgreen", [0x95, 0x99, 0x1a]),
+    ("yellow", [0xd8, 0xb8, 0x00]),
+    ("orange", [0xea, 0x72, 0x33]),
+    ("important", [0xea, 0x72, 0x33]),
+    ("red", [0xdd, 0x43, 0x43]),
+    ("critical", [0xdd, 0x43, 0x43]),
     ("blue", [0x00, 0x7e, 0xc6]),
     ("informational", [0x00, 0x7e, 0xc6]),
     ("blueviolet", [0x8a, 0x2b, 0xe2]),
     ("grey", [0x55, 0x55, 0x55]),
     ("gray", [0x55, 0x55, 0x55]),
-    ("lightgrey", [0x9f, 0x9f, 0x9f]),
-    ("lightgray", [0x9f, 0x9f, 0x9f]),
-    ("inactive", [0x9f, 0x9f, 0x9f]),
+    ("lightgrey", [0x93, 0x93, 0x93]),
+    ("lightgray", [0x93, 0x93, 0x93]),
+    ("inactive", [0x93, 0x93, 0x93]),
 ];
 
 impl BadgeColor {
@@ -122,7 +123,8 @@ impl BadgeColor {
     /// Whether text on this colour should be dark (shields' brightness rule).
     fn is_light(self) -> bool {
         let [r, g, b] = self.0.map(f64::from);
-        (0.299 * r + 0.587 * g + 0.114 * b) / 255.0 > 0.69
+        // Rounded to two decimals first, as badge-maker does.
+        ((0.299 * r + 0.587 * g + 0.114 * b) / 255.0 * 100.0).round() / 100.0 > 0.69
     }
 }
 
@@ -208,6 +210,8 @@ const PLASTIC: Shape = Shape {
 const FTB_HEIGHT: u32 = 28;
 const FTB_MARGIN: f64 = 12.0;
 const FTB_LETTER_SPACING: f64 = 1.25;
+/// The label is measured with the 11 px table scaled to 10 px.
+const FTB_LABEL_SCALE: f64 = 10.0 / widths::FONT_SIZE_PX;
 
 impl Badge<'_> {
     /// The complete SVG document.
@@ -365,11 +369,11 @@ const GREY: BadgeColor = BadgeColor([0x55, 0x55, 0x55]);
 /// `(label box, value box)` widths of a `for-the-badge` badge: the text (regular 10 px for
 /// the label, bold for the value, whole pixels) plus 1.25 px per character, plus margins.
 fn ftb_widths(label: &str, value: &str) -> (f64, f64) {
-    let spaced = |w: f64, s: &str| w.floor() + FTB_LETTER_SPACING * s.chars().count() as f64;
+    let spaced = |w: f64, s: &str| w.ceil() + FTB_LETTER_SPACING * s.chars().count() as f64;
     let label_w = if label.is_empty() {
         0.0
     } else {
-        spaced(text_width(label) * 10.0 / widths::FONT_SIZE_PX, label) + 2.0 * FTB_MARGIN
+        spaced(text_width(label) * FTB_LABEL_SCALE, label) + 2.0 * FTB_MARGIN
     };
     let value_w = if value.is_empty() {
         2.0 * FTB_MARGIN
@@ -409,9 +413,17 @@ fn push_text(svg: &mut String, text: &str, width: f64, center: f64, dark: bool, 
     ));
 }
 
-/// Width of a box holding text of `text` px: whole pixels, padded on both sides.
+/// Width of a box holding text of `text` px, padded on both sides: the whole pixels rounded
+/// up to an odd number, as shields' `badge-maker` does (for pixel-grid alignment of the
+/// centred text; `textLength` fits the glyphs to the measured width either way).
 fn box_width(text: f64) -> f64 {
-    text.ceil() + 2.0 * PAD
+    let whole = text.floor();
+    let odd = if whole % 2.0 == 0.0 {
+        whole + 1.0
+    } else {
+        whole
+    };
+    odd + 2.0 * PAD
 }
 
 /// A coordinate with at most one decimal, without a trailing `.0`.
@@ -786,24 +798,24 @@ pub(crate) mod tests {
     #[test]
     fn colours() {
         for (raw, hex) in [
-            ("brightgreen", "#4c1"),
-            ("green", "#97ca00"),
-            ("yellow", "#dfb317"),
-            ("yellowgreen", "#a4a61d"),
-            ("orange", "#fe7d37"),
-            ("red", "#e05d44"),
+            ("brightgreen", "#4b0"),
+            ("green", "#67ac09"),
+            ("yellow", "#d8b800"),
+            ("yellowgreen", "#95991a"),
+            ("orange", "#ea7233"),
+            ("red", "#dd4343"),
             ("blue", "#007ec6"),
             ("grey", "#555"),
             ("gray", "#555"),
-            ("lightgrey", "#9f9f9f"),
-            ("lightgray", "#9f9f9f"),
+            ("lightgrey", "#939393"),
+            ("lightgray", "#939393"),
             ("blueviolet", "#8a2be2"),
-            ("success", "#4c1"),
-            ("important", "#fe7d37"),
-            ("critical", "#e05d44"),
+            ("success", "#4b0"),
+            ("important", "#ea7233"),
+            ("critical", "#dd4343"),
             ("informational", "#007ec6"),
-            ("inactive", "#9f9f9f"),
-            ("Red", "#e05d44"),
+            ("inactive", "#939393"),
+            ("Red", "#dd4343"),
             ("4c1", "#4c1"),
             ("#4C1", "#4c1"),
             ("ABCDEF", "#abcdef"),

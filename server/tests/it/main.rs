@@ -3,6 +3,7 @@
 mod attack;
 mod bad_input;
 mod badge;
+mod badge_fixtures;
 mod cli;
 mod compression;
 mod concurrency;
