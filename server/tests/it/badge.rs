@@ -151,7 +151,7 @@ async fn badge_json_follows_the_shields_endpoint_schema_and_the_same_counting() 
     assert_eq!(
         v,
         serde_json::json!({"schemaVersion": 1, "label": "reads", "message": "1",
-            "color": "#97ca00", "labelColor": "#333"})
+            "color": "#67ac09", "labelColor": "#333"})
     );
     let r = app.get("/badge/blog.json?count=0&color=bogus").await;
     assert_eq!(r.headers()["x-tally-status"], "display_only");
