@@ -33,6 +33,8 @@ use crate::store::Site;
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/dashboard/{site}", get(page))
+        .route("/dashboard.js", get(script))
+        .route("/favicon.ico", get(favicon))
         .route("/dashboard/{site}/login", post(login))
 }
 
@@ -361,6 +363,7 @@ struct RangeLink {
 }
 
 struct Row {
+    /// What is shown: a page path percent-decoded for reading (`core::display`), or a host.
     label: String,
     views: String,
     visitors: String,
@@ -393,6 +396,36 @@ struct DashboardPage {
     events: Vec<EventRowView>,
     public: bool,
     live_window: u32,
+    /// The site's own page with `#tally-ignore` (the snippet then stops counting this
+    /// browser), when the site names an origin.
+    ignore_url: Option<String>,
+}
+
+/// The dashboard's only script (live numbers), a file so that no inline script is needed.
+const DASHBOARD_JS: &str = include_str!("../../templates/dashboard.js");
+/// The favicon (an SVG; browsers take it from `/favicon.ico` by its content type).
+const FAVICON_SVG: &str = include_str!("../../templates/favicon.svg");
+
+async fn script() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+        ],
+        DASHBOARD_JS,
+    )
+        .into_response()
+}
+
+async fn favicon() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "image/svg+xml"),
+            (header::CACHE_CONTROL, "public, max-age=86400"),
+        ],
+        FAVICON_SVG,
+    )
+        .into_response()
 }
 
 #[derive(Template)]
@@ -514,7 +547,7 @@ async fn page(
                         super::counts::live_of_key(&state, &key, now.as_millisecond()).visitors
                     })
                     .unwrap_or(0),
-                label: p.page,
+                label: crate::core::display::display_path(&p.page),
                 views: group(p.views),
                 visitors: group(p.visitors),
             })
@@ -545,6 +578,11 @@ async fn page(
             .collect(),
         public: site.public,
         live_window: state.config.live_window_secs,
+        ignore_url: site
+            .origins
+            .iter()
+            .find(|o| o.starts_with("https://") || o.starts_with("http://"))
+            .map(|o| format!("{}/#tally-ignore", o.trim_end_matches('/'))),
     }
     .render();
     Ok(html(StatusCode::OK, body))

@@ -97,3 +97,53 @@ async fn events_of_a_private_site_need_the_token() {
     assert_eq!(v["events"], json!([]));
     app.stop().await;
 }
+
+#[tokio::test]
+async fn dashboard_page_has_a_heading_a_favicon_no_inline_script_and_readable_paths() {
+    let mut app = spawn_app_with(options()).await;
+    let at: Timestamp = "2026-05-10T10:00:00Z".parse().expect("ts");
+    for (n, path) in ["/posts/%E4%B8%AD%E6%96%87", "/bad%FF", "/x%3Cb%3E"]
+        .iter()
+        .enumerate()
+    {
+        let body = json!({"site": "blog", "type": "pageview",
+            "event_id": event_id_at(at + jiff::SignedDuration::from_secs(n as i64)),
+            "url": format!("https://blog.example{path}"), "referrer": null});
+        assert_eq!(app.hit_status(&body).await, "accepted");
+    }
+    let html = app
+        .get("/dashboard/blog?range=7d")
+        .await
+        .text()
+        .await
+        .expect("html");
+    assert!(html.contains("<h1"), "an h1");
+    assert!(html.contains(r#"<link rel="icon" href="/favicon.ico""#));
+    // Every script is a file: nothing inline for a CSP to forbid.
+    assert_eq!(
+        html.matches("<script").count(),
+        html.matches("<script src=").count()
+    );
+    assert!(html.contains(r#"<script src="/dashboard.js" defer></script>"#));
+    // Paths decoded for reading (still escaped), the full path in the title.
+    assert!(
+        html.contains(r#"title="/posts/中文"><span>/posts/中文</span>"#),
+        "{html}"
+    );
+    assert!(html.contains(">/bad%FF<"), "invalid UTF-8 stays encoded");
+    assert!(
+        html.contains("/x&#60;b&#62;") || html.contains("/x&lt;b&gt;"),
+        "{html}"
+    );
+    assert!(html.contains("https://blog.example/#tally-ignore"));
+    // The chart's text is not scaled: no viewBox.
+    assert!(!html.contains("viewBox=\"0 0 720"));
+
+    let r = app.get("/favicon.ico").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "image/svg+xml");
+    let r = app.get("/dashboard.js").await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.expect("js").contains("card-live"));
+    app.stop().await;
+}
