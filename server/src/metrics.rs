@@ -3,6 +3,13 @@
 //! Every hit that reaches validation ends in exactly one of: `tally_hits_total{status}`
 //! (accepted, duplicate, filtered, suppressed), `tally_rejected_total{code}` (4xx) or
 //! `tally_refused_total{reason}` (429/503), so nothing disappears unexplained.
+//!
+//! Contract: two encodings of the same registry — [`Metrics::render_openmetrics`]
+//! (OpenMetrics 1.0, what `prometheus-client` writes) and [`Metrics::render_classic`] (the
+//! Prometheus text format 0.0.4, the default of `/metrics`). Every family has `HELP` and
+//! `TYPE`, and every label value listed in [`HIT_STATUSES`], [`FILTER_REASONS`],
+//! [`REFUSE_REASONS`] and [`REJECT_CODES`] is present (at 0) from the start, so a rate over
+//! a series that has not happened yet is 0, not absent.
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
@@ -54,6 +61,54 @@ pub struct Metrics {
     /// `body_timeout`, `shutdown_grace`).
     pub connections_cut: Family<ReasonLabel, Counter>,
 }
+
+/// Every `status` of `tally_hits_total`.
+pub const HIT_STATUSES: [&str; 4] = ["accepted", "duplicate", "filtered", "suppressed"];
+
+/// Every `reason` of `tally_filtered_total`.
+pub const FILTER_REASONS: [&str; 3] = ["bot", "empty_user_agent", "rate_limited"];
+
+/// Every `reason` of `tally_refused_total` (the codes of 429 and 503 answers).
+pub const REFUSE_REASONS: [&str; 5] = [
+    "rate_limited",
+    "overloaded",
+    "storage_unavailable",
+    "disk_full",
+    "busy",
+];
+
+/// The known `code`s of `tally_rejected_total` (4xx answers of the counting endpoints);
+/// other codes still appear once they happen.
+pub const REJECT_CODES: [&str; 21] = [
+    "malformed_json",
+    "invalid_field",
+    "invalid_type",
+    "invalid_site",
+    "invalid_event_id",
+    "invalid_visitor_id",
+    "invalid_url",
+    "invalid_referrer",
+    "invalid_name",
+    "invalid_dedupe",
+    "event_id_out_of_window",
+    "empty_body",
+    "batch_over_allowance",
+    "unauthorized",
+    "invalid_ingest_key",
+    "unknown_site",
+    "origin_not_allowed",
+    "site_limit_reached",
+    "body_too_large",
+    "unsupported_media_type",
+    "method_not_allowed",
+];
+
+/// Content type of the classic text format.
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Content type of OpenMetrics 1.0.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -139,6 +194,18 @@ impl Metrics {
             "Connections closed by the server on a timeout or at the end of the shutdown grace",
             connections_cut.clone(),
         );
+        for status in HIT_STATUSES {
+            drop(hits.get_or_create(&StatusLabel { status }));
+        }
+        for reason in FILTER_REASONS {
+            drop(filtered.get_or_create(&ReasonLabel { reason }));
+        }
+        for reason in REFUSE_REASONS {
+            drop(refused.get_or_create(&ReasonLabel { reason }));
+        }
+        for code in REJECT_CODES {
+            drop(rejected.get_or_create(&CodeLabel { code }));
+        }
         Self {
             registry,
             disk_free_bytes,
@@ -157,16 +224,116 @@ impl Metrics {
         }
     }
 
-    /// The text exposition format.
-    pub fn render(&self) -> String {
+    /// OpenMetrics 1.0 text (ends with `# EOF`).
+    pub fn render_openmetrics(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
 
+    /// The classic Prometheus text format 0.0.4.
+    pub fn render_classic(&self) -> String {
+        openmetrics_to_classic(&self.render_openmetrics())
+    }
+
     /// Count a hit outcome.
     pub fn hit(&self, status: &'static str) {
         self.hits.get_or_create(&StatusLabel { status }).inc();
+    }
+}
+
+/// Convert `prometheus-client`'s OpenMetrics text to the classic format 0.0.4.
+///
+/// The two differ, for what this registry holds, in three places: an OpenMetrics counter
+/// family is named without `_total` while its samples carry it (classic: the family is named
+/// like its samples, `tally_hits_total`); `# UNIT` lines and the `# EOF` terminator do not
+/// exist in 0.0.4; and OpenMetrics may add `_created` samples (classic has none). Gauges and
+/// histograms (`_bucket`, `_sum`, `_count`) are written the same in both. Help texts here hold
+/// no `"`, whose escaping differs.
+pub fn openmetrics_to_classic(open: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line
+            .strip_prefix("# HELP ")
+            .map(|r| ("# HELP ", r))
+            .or_else(|| line.strip_prefix("# TYPE ").map(|r| ("# TYPE ", r)))
+        {
+            let (kind, rest) = rest;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.push_str(kind);
+            out.push_str(name);
+            if counters.contains(name) {
+                out.push_str("_total");
+            }
+            out.push(' ');
+            out.push_str(tail);
+            out.push('\n');
+            continue;
+        }
+        let name = line.split(['{', ' ']).next().unwrap_or_default();
+        if name
+            .strip_suffix("_created")
+            .is_some_and(|base| counters.contains(base))
+        {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_names_counter_families_with_total_and_drops_eof() {
+        let m = Metrics::new();
+        m.hit("accepted");
+        let text = m.render_classic();
+        assert!(
+            text.contains("# HELP tally_hits_total Hits by outcome."),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE tally_hits_total counter"), "{text}");
+        assert!(
+            text.contains("tally_hits_total{status=\"accepted\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE tally_queue_depth gauge"), "{text}");
+        assert!(
+            text.contains("tally_commit_duration_seconds_bucket{le=\"+Inf\"} 0"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"));
+        let open = m.render_openmetrics();
+        assert!(open.contains("# TYPE tally_hits counter") && open.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn known_label_values_are_present_from_the_start() {
+        let text = Metrics::new().render_classic();
+        for status in HIT_STATUSES {
+            assert!(text.contains(&format!("tally_hits_total{{status=\"{status}\"}} 0")));
+        }
+        for reason in FILTER_REASONS {
+            assert!(text.contains(&format!("tally_filtered_total{{reason=\"{reason}\"}} 0")));
+        }
+        for reason in REFUSE_REASONS {
+            assert!(text.contains(&format!("tally_refused_total{{reason=\"{reason}\"}} 0")));
+        }
+        for code in REJECT_CODES {
+            assert!(text.contains(&format!("tally_rejected_total{{code=\"{code}\"}} 0")));
+        }
     }
 }

@@ -73,10 +73,11 @@ test('dashboard shows the known numbers and looks like a product', async () => {
       byPage[key].visitors.add(v);
     }
     const expected = Object.entries(byPage)
-      .map(([p, s]) => [p, String(s.views), String(s.visitors.size), '0']) // nothing is live: all older than 60 s
+      // Paths are shown percent-decoded; nothing is live: all older than 60 s.
+      .map(([p, s]) => [decodeURIComponent(p), String(s.views), String(s.visitors.size), '0'])
       .sort((a, b) => Number(b[1]) - Number(a[1]) || a[0].localeCompare(b[0]));
     assert.deepEqual(rows, expected);
-    assert.ok(rows.some(([p]) => p === '/docs/%3Cb%3Eintro%3C/b%3E'), 'attacker-shaped paths appear as text');
+    assert.ok(rows.some(([p]) => p === '/docs/<b>intro</b>'), 'attacker-shaped paths appear (decoded) as text');
     assert.equal(await page.locator('#top-pages b').count(), 0, 'no markup injected from page paths');
 
     const refs = await page.locator('#top-referrers tbody tr td:first-child').allTextContents();

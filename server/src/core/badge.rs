@@ -16,13 +16,16 @@
 //! so the adjustment is small in practice.
 //!
 //! Ids: the flat style's gradient and clip path have ids that depend only on their content
-//! (`tally-badge-s`, `tally-badge-r{width}`), so several badges inlined in one HTML page can
+//! (`tally-badge-s`, `tally-badge-p`, `tally-badge-r{width}-{height}-{radius}`), so several badges inlined in one HTML page can
 //! share them without one badge clipping another.
 //!
 //! Counts are shown with [`abbreviate`] (`12.3k`, never overstating) or [`group`] (`12,345`).
 
 #[path = "badge_widths.rs"]
 mod widths;
+
+#[path = "badge_widths_bold.rs"]
+mod bold;
 
 use std::fmt;
 
@@ -33,8 +36,6 @@ pub const MAX_CHARS: usize = 64;
 const PAD: f64 = 5.0;
 /// Badge height in px.
 const HEIGHT: u32 = 20;
-/// Fill of the label (left) box.
-const LABEL_FILL: &str = "#555";
 const FONT_FAMILY: &str = "Verdana,Geneva,DejaVu Sans,sans-serif";
 
 /// The badge's shape.
@@ -45,14 +46,21 @@ pub enum BadgeStyle {
     Flat,
     /// Square corners, no gradient.
     FlatSquare,
+    /// 18 px high, rounder corners (r=4), a glossier gradient.
+    Plastic,
+    /// 28 px high, upper case, letter-spaced, bold value, square corners.
+    ForTheBadge,
 }
 
 impl BadgeStyle {
-    /// Parse a `style` parameter: `flat` or `flat-square`; anything else is `None`.
+    /// Parse a `style` parameter: `flat`, `flat-square`, `plastic` or `for-the-badge`;
+    /// anything else is `None`.
     pub fn parse(raw: &str) -> Option<Self> {
         match raw {
             "flat" => Some(Self::Flat),
             "flat-square" => Some(Self::FlatSquare),
+            "plastic" => Some(Self::Plastic),
+            "for-the-badge" => Some(Self::ForTheBadge),
             _ => None,
         }
     }
@@ -62,25 +70,26 @@ impl BadgeStyle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadgeColor([u8; 3]);
 
-/// Shields' named colours and their aliases.
+/// Shields' named colours and their aliases, as `badge-maker` 6 draws them (the darker,
+/// higher-contrast set; `blueviolet` is the CSS colour badge-maker also accepts).
 const NAMED: &[(&str, [u8; 3])] = &[
-    ("brightgreen", [0x44, 0xcc, 0x11]),
-    ("success", [0x44, 0xcc, 0x11]),
-    ("green", [0x97, 0xca, 0x00]),
-    ("yellowgreen", [0xa4, 0xa6, 0x1d]),
-    ("yellow", [0xdf, 0xb3, 0x17]),
-    ("orange", [0xfe, 0x7d, 0x37]),
-    ("important", [0xfe, 0x7d, 0x37]),
-    ("red", [0xe0, 0x5d, 0x44]),
-    ("critical", [0xe0, 0x5d, 0x44]),
+    ("brightgreen", [0x44, 0xbb, 0x00]),
+    ("success", [0x44, 0xbb, 0x00]),
+    ("green", [0x67, 0xac, 0x09]),
+    ("yellowgreen", [0x95, 0x99, 0x1a]),
+    ("yellow", [0xd8, 0xb8, 0x00]),
+    ("orange", [0xea, 0x72, 0x33]),
+    ("important", [0xea, 0x72, 0x33]),
+    ("red", [0xdd, 0x43, 0x43]),
+    ("critical", [0xdd, 0x43, 0x43]),
     ("blue", [0x00, 0x7e, 0xc6]),
     ("informational", [0x00, 0x7e, 0xc6]),
     ("blueviolet", [0x8a, 0x2b, 0xe2]),
     ("grey", [0x55, 0x55, 0x55]),
     ("gray", [0x55, 0x55, 0x55]),
-    ("lightgrey", [0x9f, 0x9f, 0x9f]),
-    ("lightgray", [0x9f, 0x9f, 0x9f]),
-    ("inactive", [0x9f, 0x9f, 0x9f]),
+    ("lightgrey", [0x93, 0x93, 0x93]),
+    ("lightgray", [0x93, 0x93, 0x93]),
+    ("inactive", [0x93, 0x93, 0x93]),
 ];
 
 impl BadgeColor {
@@ -114,7 +123,8 @@ impl BadgeColor {
     /// Whether text on this colour should be dark (shields' brightness rule).
     fn is_light(self) -> bool {
         let [r, g, b] = self.0.map(f64::from);
-        (0.299 * r + 0.587 * g + 0.114 * b) / 255.0 > 0.69
+        // Rounded to two decimals first, as badge-maker does.
+        ((0.299 * r + 0.587 * g + 0.114 * b) / 255.0 * 100.0).round() / 100.0 > 0.69
     }
 }
 
@@ -146,19 +156,74 @@ pub fn parse_color(raw: &str) -> Option<String> {
 /// them. An empty label (after cleaning) renders a value-only badge.
 #[derive(Debug, Clone, Copy)]
 pub struct Badge<'a> {
-    /// Left-hand text, on grey.
+    /// Left-hand text, on `label_color`.
     pub label: &'a str,
     /// Right-hand text, on `color`.
     pub value: &'a str,
     /// Fill of the value box.
     pub color: BadgeColor,
+    /// Fill of the label box; `None` is shields' grey `#555`.
+    pub label_color: Option<BadgeColor>,
     /// Shape.
     pub style: BadgeStyle,
 }
 
+/// Geometry of one style: height, corner radius, text baselines, gradient stops.
+struct Shape {
+    height: u32,
+    radius: u32,
+    text_y: u32,
+    shadow_y: u32,
+    /// `(offset, colour, opacity)` of the overlay gradient; empty for none.
+    gradient: &'static [(&'static str, &'static str, &'static str)],
+}
+
+const FLAT: Shape = Shape {
+    height: HEIGHT,
+    radius: 3,
+    text_y: 14,
+    shadow_y: 15,
+    gradient: &[("0", "#bbb", ".1"), ("1", "#000", ".1")],
+};
+const FLAT_SQUARE: Shape = Shape {
+    height: HEIGHT,
+    radius: 0,
+    text_y: 14,
+    shadow_y: 15,
+    gradient: &[],
+};
+const PLASTIC: Shape = Shape {
+    height: 18,
+    radius: 4,
+    text_y: 13,
+    shadow_y: 14,
+    gradient: &[
+        ("0", "#fff", ".7"),
+        (".1", "#aaa", ".1"),
+        (".9", "#000", ".3"),
+        ("1", "#000", ".5"),
+    ],
+};
+
+/// `for-the-badge`: 28 px high, upper case, 10 px text with 1.25 px letter spacing, the value
+/// bold, 12 px margins, square corners (as shields' `badge-maker`).
+const FTB_HEIGHT: u32 = 28;
+const FTB_MARGIN: f64 = 12.0;
+const FTB_LETTER_SPACING: f64 = 1.25;
+/// The label is measured with the 11 px table scaled to 10 px.
+const FTB_LABEL_SCALE: f64 = 10.0 / widths::FONT_SIZE_PX;
+
 impl Badge<'_> {
     /// The complete SVG document.
     pub fn render(&self) -> String {
+        if self.style == BadgeStyle::ForTheBadge {
+            return self.render_for_the_badge();
+        }
+        let shape = match self.style {
+            BadgeStyle::FlatSquare => &FLAT_SQUARE,
+            BadgeStyle::Plastic => &PLASTIC,
+            _ => &FLAT,
+        };
         let label = clean(self.label);
         let value = clean(self.value);
         let label_text = text_width(&label);
@@ -169,51 +234,20 @@ impl Badge<'_> {
             box_width(label_text)
         };
         let value_w = box_width(value_text);
-        let total = label_w + value_w;
-
-        let title = if label.is_empty() {
-            escape_xml(&value)
-        } else {
-            escape_xml(&format!("{label}: {value}"))
-        };
-        let (w, lw) = (num(total), num(label_w));
-        let mut svg = format!(
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{HEIGHT}" role="img" aria-label="{title}"><title>{title}</title>"#
-        );
-        match self.style {
-            BadgeStyle::Flat => {
-                svg.push_str(concat!(
-                    r#"<linearGradient id="tally-badge-s" x2="0" y2="100%">"#,
-                    r##"<stop offset="0" stop-color="#bbb" stop-opacity=".1"/>"##,
-                    r#"<stop offset="1" stop-opacity=".1"/></linearGradient>"#,
-                ));
-                svg.push_str(&format!(
-                    r##"<clipPath id="tally-badge-r{w}"><rect width="{w}" height="{HEIGHT}" rx="3" fill="#fff"/></clipPath><g clip-path="url(#tally-badge-r{w})">"##
-                ));
-            }
-            BadgeStyle::FlatSquare => svg.push_str(r#"<g shape-rendering="crispEdges">"#),
-        }
+        let mut svg = self.open(&label, &value, label_w + value_w, shape);
+        let label_color = self.label_color.unwrap_or(GREY);
+        svg.push_str(r#"<g text-anchor="middle" font-family=""#);
+        svg.push_str(FONT_FAMILY);
+        svg.push_str(r#"" text-rendering="geometricPrecision" font-size="11">"#);
         if label_w > 0.0 {
-            svg.push_str(&format!(
-                r#"<rect width="{lw}" height="{HEIGHT}" fill="{LABEL_FILL}"/>"#
-            ));
-        }
-        svg.push_str(&format!(
-            r#"<rect x="{lw}" width="{}" height="{HEIGHT}" fill="{}"/>"#,
-            num(value_w),
-            self.color
-        ));
-        if self.style == BadgeStyle::Flat {
-            svg.push_str(&format!(
-                r#"<rect width="{w}" height="{HEIGHT}" fill="url(#tally-badge-s)"/>"#
-            ));
-        }
-        svg.push_str("</g>");
-        svg.push_str(&format!(
-            r#"<g text-anchor="middle" font-family="{FONT_FAMILY}" text-rendering="geometricPrecision" font-size="11">"#
-        ));
-        if label_w > 0.0 {
-            push_text(&mut svg, &label, label_text, label_w / 2.0, false);
+            push_text(
+                &mut svg,
+                &label,
+                label_text,
+                label_w / 2.0,
+                label_color.is_light(),
+                shape,
+            );
         }
         push_text(
             &mut svg,
@@ -221,31 +255,175 @@ impl Badge<'_> {
             value_text,
             label_w + value_w / 2.0,
             self.color.is_light(),
+            shape,
         );
+        svg.push_str("</g></svg>");
+        svg
+    }
+
+    /// The root, title, defs and the two boxes (label box only when `label_w > 0`).
+    fn open(&self, label: &str, value: &str, total: f64, shape: &Shape) -> String {
+        let title = if label.is_empty() {
+            escape_xml(value)
+        } else {
+            escape_xml(&format!("{label}: {value}"))
+        };
+        let label_w = total - self.box_w(label, value, total);
+        let (w, lw, h) = (num(total), num(label_w), shape.height);
+        let mut svg = format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" aria-label="{title}"><title>{title}</title>"#
+        );
+        let gradient_id = if shape.gradient.len() > 2 {
+            "tally-badge-p"
+        } else {
+            "tally-badge-s"
+        };
+        if !shape.gradient.is_empty() {
+            svg.push_str(&format!(
+                r#"<linearGradient id="{gradient_id}" x2="0" y2="100%">"#
+            ));
+            for (offset, color, opacity) in shape.gradient {
+                svg.push_str(&format!(
+                    r#"<stop offset="{offset}" stop-color="{color}" stop-opacity="{opacity}"/>"#
+                ));
+            }
+            svg.push_str("</linearGradient>");
+        }
+        if shape.radius > 0 {
+            let r = shape.radius;
+            svg.push_str(&format!(
+                r##"<clipPath id="tally-badge-r{w}-{h}-{r}"><rect width="{w}" height="{h}" rx="{r}" fill="#fff"/></clipPath><g clip-path="url(#tally-badge-r{w}-{h}-{r})">"##
+            ));
+        } else {
+            svg.push_str(r#"<g shape-rendering="crispEdges">"#);
+        }
+        if label_w > 0.0 {
+            svg.push_str(&format!(
+                r#"<rect width="{lw}" height="{h}" fill="{}"/>"#,
+                self.label_color.unwrap_or(GREY)
+            ));
+        }
+        svg.push_str(&format!(
+            r#"<rect x="{lw}" width="{}" height="{h}" fill="{}"/>"#,
+            num(total - label_w),
+            self.color
+        ));
+        if !shape.gradient.is_empty() {
+            svg.push_str(&format!(
+                r#"<rect width="{w}" height="{h}" fill="url(#{gradient_id})"/>"#
+            ));
+        }
+        svg.push_str("</g>");
+        svg
+    }
+
+    /// Width of the value box of a badge `total` wide (the label box is the rest).
+    fn box_w(&self, label: &str, value: &str, total: f64) -> f64 {
+        match self.style {
+            BadgeStyle::ForTheBadge => ftb_widths(label, value).1,
+            _ if label.is_empty() => total,
+            _ => box_width(text_width(value)),
+        }
+    }
+
+    fn render_for_the_badge(&self) -> String {
+        let label = clean(self.label).to_uppercase();
+        let value = clean(self.value).to_uppercase();
+        let (label_w, value_w) = ftb_widths(&label, &value);
+        let shape = Shape {
+            height: FTB_HEIGHT,
+            radius: 0,
+            text_y: 0,
+            shadow_y: 0,
+            gradient: &[],
+        };
+        let mut svg = self.open(&label, &value, label_w + value_w, &shape);
+        svg.push_str(r#"<g text-anchor="middle" font-family=""#);
+        svg.push_str(FONT_FAMILY);
+        svg.push_str(r#"" text-rendering="geometricPrecision" font-size="10">"#);
+        let label_color = self.label_color.unwrap_or(GREY);
+        for (text, left, width, bold, light) in [
+            (&label, 0.0, label_w, false, label_color.is_light()),
+            (&value, label_w, value_w, true, self.color.is_light()),
+        ] {
+            if width <= 0.0 || text.is_empty() {
+                continue;
+            }
+            let fill = if light { "#333" } else { "#fff" };
+            let weight = if bold { r#" font-weight="bold""# } else { "" };
+            svg.push_str(&format!(
+                r#"<text x="{}" y="17.5" fill="{fill}" letter-spacing="{FTB_LETTER_SPACING}" textLength="{}" lengthAdjust="spacingAndGlyphs"{weight}>{}</text>"#,
+                num(left + width / 2.0),
+                num(width - 2.0 * FTB_MARGIN),
+                escape_xml(text),
+            ));
+        }
         svg.push_str("</g></svg>");
         svg
     }
 }
 
+/// Shields' grey label box.
+const GREY: BadgeColor = BadgeColor([0x55, 0x55, 0x55]);
+
+/// `(label box, value box)` widths of a `for-the-badge` badge: the text (regular 10 px for
+/// the label, bold for the value, whole pixels) plus 1.25 px per character, plus margins.
+fn ftb_widths(label: &str, value: &str) -> (f64, f64) {
+    let spaced = |w: f64, s: &str| w.ceil() + FTB_LETTER_SPACING * s.chars().count() as f64;
+    let label_w = if label.is_empty() {
+        0.0
+    } else {
+        spaced(text_width(label) * FTB_LABEL_SCALE, label) + 2.0 * FTB_MARGIN
+    };
+    let value_w = if value.is_empty() {
+        2.0 * FTB_MARGIN
+    } else {
+        spaced(bold_width(value), value) + 2.0 * FTB_MARGIN
+    };
+    (label_w, value_w)
+}
+
+/// Width in px of `s` in DejaVu Sans Bold at 10 px (the `for-the-badge` value).
+fn bold_width(s: &str) -> f64 {
+    s.chars()
+        .map(
+            |c| match bold::WIDTHS.binary_search_by(|(k, _)| k.cmp(&c)) {
+                Ok(i) => bold::WIDTHS[i].1,
+                Err(_) if is_wide(c) => bold::FONT_SIZE_PX,
+                Err(_) => bold::M_WIDTH,
+            },
+        )
+        .sum()
+}
+
 /// A text with its shadow one pixel below, as shields draws it.
-fn push_text(svg: &mut String, text: &str, width: f64, center: f64, dark: bool) {
+fn push_text(svg: &mut String, text: &str, width: f64, center: f64, dark: bool, shape: &Shape) {
     let (fill, shadow) = if dark {
         ("#333", "#ccc")
     } else {
         ("#fff", "#010101")
     };
     let (x, len, text) = (num(center), num(width), escape_xml(text));
+    let (y, sy) = (shape.text_y, shape.shadow_y);
     svg.push_str(&format!(
-        r#"<text aria-hidden="true" x="{x}" y="15" fill="{shadow}" fill-opacity=".3" textLength="{len}" lengthAdjust="spacingAndGlyphs">{text}</text>"#
+        r#"<text aria-hidden="true" x="{x}" y="{sy}" fill="{shadow}" fill-opacity=".3" textLength="{len}" lengthAdjust="spacingAndGlyphs">{text}</text>"#
     ));
     svg.push_str(&format!(
-        r#"<text x="{x}" y="14" fill="{fill}" textLength="{len}" lengthAdjust="spacingAndGlyphs">{text}</text>"#
+        r#"<text x="{x}" y="{y}" fill="{fill}" textLength="{len}" lengthAdjust="spacingAndGlyphs">{text}</text>"#
     ));
 }
 
-/// Width of a box holding text of `text` px: whole pixels, padded on both sides.
+/// Width of a box holding text of `text` px, padded on both sides: the whole pixels rounded
+/// up to an odd number, as shields' `badge-maker` does (for pixel-grid alignment of the
+/// centred text; `textLength` fits the glyphs to the measured width either way).
 fn box_width(text: f64) -> f64 {
-    text.ceil() + 2.0 * PAD
+    let whole = text.floor();
+    let odd = if whole % 2.0 == 0.0 {
+        whole + 1.0
+    } else {
+        whole
+    };
+    odd + 2.0 * PAD
 }
 
 /// A coordinate with at most one decimal, without a trailing `.0`.
@@ -472,6 +650,7 @@ pub(crate) mod tests {
             label,
             value,
             color: BadgeColor::default(),
+            label_color: None,
             style: BadgeStyle::Flat,
         }
     }
@@ -537,7 +716,12 @@ pub(crate) mod tests {
             BadgeStyle::parse("flat-square"),
             Some(BadgeStyle::FlatSquare)
         );
-        assert_eq!(BadgeStyle::parse("plastic"), None);
+        assert_eq!(BadgeStyle::parse("plastic"), Some(BadgeStyle::Plastic));
+        assert_eq!(
+            BadgeStyle::parse("for-the-badge"),
+            Some(BadgeStyle::ForTheBadge)
+        );
+        assert_eq!(BadgeStyle::parse("social"), None);
         let flat = badge("a", "b").render();
         assert!(flat.contains(r#"rx="3""#) && flat.contains("linearGradient"));
         let square = Badge {
@@ -547,6 +731,24 @@ pub(crate) mod tests {
         .render();
         assert!(!square.contains("rx=") && !square.contains("linearGradient"));
         assert_well_formed(&square);
+        let plastic = Badge {
+            style: BadgeStyle::Plastic,
+            ..badge("a", "b")
+        }
+        .render();
+        assert!(plastic.contains(r#"height="18""#) && plastic.contains(r#"rx="4""#));
+        assert_well_formed(&plastic);
+        let big = Badge {
+            style: BadgeStyle::ForTheBadge,
+            label_color: BadgeColor::parse("fff"),
+            ..badge("views", "1.2k")
+        }
+        .render();
+        assert!(
+            big.contains(r#"height="28""#) && big.contains(">VIEWS<") && big.contains(">1.2K<")
+        );
+        assert!(big.contains(r##"fill="#fff""##) && big.contains(r##"fill="#333""##));
+        assert_well_formed(&big);
     }
 
     #[test]
@@ -596,24 +798,24 @@ pub(crate) mod tests {
     #[test]
     fn colours() {
         for (raw, hex) in [
-            ("brightgreen", "#4c1"),
-            ("green", "#97ca00"),
-            ("yellow", "#dfb317"),
-            ("yellowgreen", "#a4a61d"),
-            ("orange", "#fe7d37"),
-            ("red", "#e05d44"),
+            ("brightgreen", "#4b0"),
+            ("green", "#67ac09"),
+            ("yellow", "#d8b800"),
+            ("yellowgreen", "#95991a"),
+            ("orange", "#ea7233"),
+            ("red", "#dd4343"),
             ("blue", "#007ec6"),
             ("grey", "#555"),
             ("gray", "#555"),
-            ("lightgrey", "#9f9f9f"),
-            ("lightgray", "#9f9f9f"),
+            ("lightgrey", "#939393"),
+            ("lightgray", "#939393"),
             ("blueviolet", "#8a2be2"),
-            ("success", "#4c1"),
-            ("important", "#fe7d37"),
-            ("critical", "#e05d44"),
+            ("success", "#4b0"),
+            ("important", "#ea7233"),
+            ("critical", "#dd4343"),
             ("informational", "#007ec6"),
-            ("inactive", "#9f9f9f"),
-            ("Red", "#e05d44"),
+            ("inactive", "#939393"),
+            ("Red", "#dd4343"),
             ("4c1", "#4c1"),
             ("#4C1", "#4c1"),
             ("ABCDEF", "#abcdef"),
@@ -696,7 +898,9 @@ pub(crate) mod tests {
         #[test]
         fn render_never_panics_or_injects(label in any::<String>(), value in any::<String>(), square: bool) {
             let style = if square { BadgeStyle::FlatSquare } else { BadgeStyle::Flat };
-            let svg = Badge { label: &label, value: &value, color: BadgeColor::BLUE, style }.render();
+            let big = Badge { label: &label, value: &value, color: BadgeColor::BLUE, label_color: None, style: BadgeStyle::ForTheBadge }.render();
+            assert_well_formed(&big);
+            let svg = Badge { label: &label, value: &value, color: BadgeColor::BLUE, label_color: None, style }.render();
             prop_assert!(!svg.to_ascii_lowercase().contains("<script"));
             assert_well_formed(&svg);
             prop_assert!(svg.len() < 8_000);

@@ -1,11 +1,17 @@
 //! The dashboard's daily bar chart, as inline SVG that needs no JavaScript.
 //!
 //! Contract: [`daily_chart`] is a pure function from day points to one well-formed `<svg>`
-//! element that never panics. It is responsive (a `viewBox`, `width="100%"`, no pixel size),
+//! element that never panics. It is responsive without scaling its text: no `viewBox`; the
+//! height is fixed in px and every x coordinate is a percentage of the width, so the 11 px
+//! labels stay 11 px on a 390 px phone and on a desktop. The y labels sit left of the plot
+//! (`x < 0`, drawn with `overflow="visible"`; the page gives the SVG a left margin of
+//! [`Y_LABEL_GUTTER`] px). It
 //! draws per day a pale bar for views with a narrower solid bar for visitors in front, a light
 //! grid with up to four nicely rounded y-axis ticks ([`nice_max`], labels by
 //! [`abbreviate`]), x-axis labels (`Mar 3`) on every Nth day counted back from the newest so
-//! they never overlap, and a `<title>` per day (`2026-03-03: 120 views, 45 visitors`) that a
+//! they never overlap — one set for wide screens (class `wide`) and one for narrow ones (class
+//! `narrow`, hidden by a `display="none"` attribute that the page's CSS lifts below 600 px;
+//! labels in both sets carry neither class) — and a `<title>` per day (`2026-03-03: 120 views, 45 visitors`) that a
 //! browser shows on hover. No points yields a friendly empty state, not an empty axis.
 //!
 //! Styling: bars carry the classes `views` and `visitors` (and the root `tally-chart`) with
@@ -29,20 +35,22 @@ pub struct DayPoint {
     pub visitors: u64,
 }
 
-/// The `viewBox` size; the chart scales to its container's width.
-const WIDTH: f64 = 720.0;
-const HEIGHT: f64 = 220.0;
-/// Plot area margins: room for y labels on the left, x labels below.
-const LEFT: f64 = 44.0;
-const RIGHT: f64 = 20.0;
+/// Height in px; the width is the container's.
+const HEIGHT: f64 = 200.0;
+/// Room left of the plot for the y labels, in px (the page sets it as the SVG's left margin).
+pub const Y_LABEL_GUTTER: f64 = 40.0;
+/// Plot area margins in px: x labels below.
 const TOP: f64 = 10.0;
 const BOTTOM: f64 = 24.0;
-const PLOT_W: f64 = WIDTH - LEFT - RIGHT;
 const PLOT_H: f64 = HEIGHT - TOP - BOTTOM;
+/// Plot widths the x labels are spaced for: a desktop and a 390 px phone.
+const WIDE_PLOT_W: f64 = 640.0;
+const NARROW_PLOT_W: f64 = 290.0;
 /// Share of a day's slot the views bar fills, and of the views bar the visitors bar fills.
 const BAR_SHARE: f64 = 0.8;
-/// Widest a views bar gets, so a chart of one or a few days does not look like a wall.
-const MAX_BAR_W: f64 = 36.0;
+/// Widest a views bar gets, in percent of the plot, so a chart of one or a few days does not
+/// look like a wall.
+const MAX_BAR_PCT: f64 = 6.0;
 const VISITOR_SHARE: f64 = 0.6;
 /// Horizontal room one x label (`Mar 30`) needs, with a gap.
 const X_LABEL_ROOM: f64 = 60.0;
@@ -70,19 +78,29 @@ pub fn daily_chart(points: &[DayPoint]) -> String {
     let (step, top) = y_axis(max);
     push_grid(&mut svg, step, top);
 
-    let slot = PLOT_W / points.len() as f64;
-    let label_every = x_label_step(points.len());
+    let slot = 100.0 / points.len() as f64;
+    let wide_every = x_label_step(points.len(), WIDE_PLOT_W);
+    let narrow_every = x_label_step(points.len(), NARROW_PLOT_W);
     for (i, p) in points.iter().enumerate() {
-        let x = LEFT + slot * i as f64;
+        let x = slot * i as f64;
         push_day(&mut svg, p, x, slot, top);
-        if (points.len() - 1 - i).is_multiple_of(label_every) {
-            let text = escape_xml(&p.day.strftime("%b %-d").to_string());
-            svg.push_str(&format!(
-                r#"<text class="x-label" x="{}" y="{}" text-anchor="middle" {TEXT_ATTRS}>{text}</text>"#,
-                n2(x + slot / 2.0),
-                n2(HEIGHT - 6.0),
-            ));
-        }
+        let back = points.len() - 1 - i;
+        let (wide, narrow) = (
+            back.is_multiple_of(wide_every),
+            back.is_multiple_of(narrow_every),
+        );
+        let class = match (wide, narrow) {
+            (false, false) => continue,
+            (true, true) => "x-label",
+            (true, false) => "x-label wide",
+            (false, true) => r#"x-label narrow" display="none"#,
+        };
+        let text = escape_xml(&p.day.strftime("%b %-d").to_string());
+        svg.push_str(&format!(
+            r#"<text class="{class}" x="{}%" y="{}" text-anchor="middle" {TEXT_ATTRS}>{text}</text>"#,
+            n2(x + slot / 2.0),
+            n2(HEIGHT - 6.0),
+        ));
     }
     svg.push_str("</svg>");
     svg
@@ -90,15 +108,14 @@ pub fn daily_chart(points: &[DayPoint]) -> String {
 
 fn open_svg(aria_label: &str) -> String {
     format!(
-        r#"<svg class="tally-chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" role="img" aria-label="{aria_label}">"#
+        r#"<svg class="tally-chart" xmlns="http://www.w3.org/2000/svg" width="100%" height="{HEIGHT}" overflow="visible" role="img" aria-label="{aria_label}">"#
     )
 }
 
 fn empty_state() -> String {
     let mut svg = open_svg("No visits yet");
     svg.push_str(&format!(
-        r#"<text class="empty" x="{}" y="{}" text-anchor="middle" {TEXT_ATTRS}>No visits in this period yet.</text></svg>"#,
-        WIDTH / 2.0,
+        r#"<text class="empty" x="50%" y="{}" text-anchor="middle" {TEXT_ATTRS}>No visits in this period yet.</text></svg>"#,
         HEIGHT / 2.0
     ));
     svg
@@ -110,13 +127,12 @@ fn push_grid(svg: &mut String, step: u64, top: u64) {
     loop {
         let y = TOP + PLOT_H * (1.0 - ratio(tick, top));
         svg.push_str(&format!(
-            r##"<line class="grid" x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="#e5e7eb" stroke-width="1"/>"##,
-            WIDTH - RIGHT,
+            r##"<line class="grid" x1="0" x2="100%" y1="{y}" y2="{y}" stroke="#e5e7eb" stroke-width="1"/>"##,
             y = n2(y),
         ));
         svg.push_str(&format!(
             r#"<text class="y-label" x="{}" y="{}" text-anchor="end" {TEXT_ATTRS}>{}</text>"#,
-            LEFT - 6.0,
+            -6.0,
             n2(y + 4.0),
             escape_xml(&abbreviate(tick)),
         ));
@@ -142,12 +158,12 @@ fn push_day(svg: &mut String, p: &DayPoint, x: f64, slot: f64, top: u64) {
             "visitors"
         },
     ));
-    let bar_w = (slot * BAR_SHARE).min(MAX_BAR_W);
+    let bar_w = (slot * BAR_SHARE).min(MAX_BAR_PCT);
     let bar_x = x + (slot - bar_w) / 2.0;
     let vis_w = bar_w * VISITOR_SHARE;
     let vis_x = x + (slot - vis_w) / 2.0;
     svg.push_str(&format!(
-        r#"<g><title>{title}</title><rect class="hit" x="{}" y="{TOP}" width="{}" height="{PLOT_H}" fill="transparent"/>"#,
+        r#"<g><title>{title}</title><rect class="hit" x="{}%" y="{TOP}" width="{}%" height="{PLOT_H}" fill="transparent"/>"#,
         n2(x),
         n2(slot),
     ));
@@ -163,7 +179,7 @@ fn push_day(svg: &mut String, p: &DayPoint, x: f64, slot: f64, top: u64) {
     ] {
         let h = PLOT_H * ratio(value, top);
         svg.push_str(&format!(
-            r#"<rect class="{class}" x="{}" y="{}" width="{}" height="{}" {paint}/>"#,
+            r#"<rect class="{class}" x="{}%" y="{}" width="{}%" height="{}" {paint}/>"#,
             n2(bar_x),
             n2(TOP + PLOT_H - h),
             n2(bar_w),
@@ -192,9 +208,10 @@ fn n2(v: f64) -> String {
     }
 }
 
-/// Every how many days an x label goes, so that labels do not overlap.
-fn x_label_step(days: usize) -> usize {
-    let fits = (PLOT_W / X_LABEL_ROOM) as usize;
+/// Every how many days an x label goes, so that labels do not overlap on a plot `plot_w` px
+/// wide.
+fn x_label_step(days: usize, plot_w: f64) -> usize {
+    let fits = (plot_w / X_LABEL_ROOM) as usize;
     X_STEPS
         .iter()
         .copied()
@@ -319,8 +336,10 @@ mod tests {
         assert_eq!(svg.matches("<title>").count(), points.len());
         assert!(svg.contains("<title>2026-03-01: 120 views, 40 visitors</title>"));
         assert!(svg.contains("<title>2026-03-02: 0 views, 0 visitors</title>"));
-        assert!(svg.contains(r#"viewBox="0 0 720 220" width="100%""#));
-        assert!(!svg.contains("height=\"220\""));
+        // No viewBox: the text is never scaled; x in percent, y in px.
+        assert!(svg.contains(r#"width="100%" height="200" overflow="visible""#));
+        assert!(!svg.contains("viewBox"));
+        assert!(svg.contains(r#"class="views" x="7%""#), "{svg}");
         assert_well_formed(&svg);
     }
 
@@ -368,8 +387,11 @@ mod tests {
         let points = series(&views);
         let svg = daily_chart(&points);
         assert_eq!(heights(&svg, "views").len(), 365);
-        let labels = svg.matches(r#"class="x-label""#).count();
-        assert!((2..=11).contains(&labels), "{labels} labels");
+        let labels = svg.matches(r#"class="x-label"#).count();
+        let wide = labels - svg.matches("x-label narrow").count();
+        let narrow = labels - svg.matches("x-label wide").count();
+        assert!((2..=11).contains(&wide), "{wide} labels on a desktop");
+        assert!((2..=5).contains(&narrow), "{narrow} labels on a phone");
         // The newest day is always labelled.
         let newest = points[364].day.strftime("%b %-d").to_string();
         assert!(svg.contains(&format!(">{newest}<")), "{newest}");
@@ -379,15 +401,18 @@ mod tests {
 
     #[test]
     fn label_steps_fit() {
-        for days in [1, 7, 14, 30, 31, 90, 365, 1_000, 100_000] {
-            let step = x_label_step(days);
-            assert!(step >= 1);
-            assert!(
-                days.div_ceil(step) as f64 * X_LABEL_ROOM <= PLOT_W,
-                "{days}"
-            );
+        for plot_w in [WIDE_PLOT_W, NARROW_PLOT_W] {
+            for days in [1, 7, 14, 30, 31, 90, 365, 1_000, 100_000] {
+                let step = x_label_step(days, plot_w);
+                assert!(step >= 1);
+                assert!(
+                    days.div_ceil(step) as f64 * X_LABEL_ROOM <= plot_w,
+                    "{days}"
+                );
+            }
         }
-        assert_eq!(x_label_step(7), 1);
+        assert_eq!(x_label_step(7, WIDE_PLOT_W), 1);
+        assert_eq!(x_label_step(7, NARROW_PLOT_W), 2);
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod chart;
 pub mod clock;
 pub mod counts;
 pub mod day;
+pub mod display;
 pub mod forwarded;
 pub mod gcra;
 pub mod hit;

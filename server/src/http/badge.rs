@@ -22,7 +22,7 @@ use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::hit::{Sender, filter_reason, observe};
 use super::{ApiError, AppState};
@@ -174,12 +174,15 @@ fn parse_page(raw: Option<&str>) -> Result<Option<PagePath>, ApiError> {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 struct BadgeQuery {
     page: Option<String>,
     metric: Option<String>,
     label: Option<String>,
     color: Option<String>,
+    /// Shields' name; `label_color` is accepted too.
+    #[serde(rename = "labelColor", alias = "label_color")]
+    label_color: Option<String>,
     style: Option<String>,
     /// `1`/`true`: show 12.3k instead of 12,345.
     abbreviate: Option<String>,
@@ -187,16 +190,97 @@ struct BadgeQuery {
     count: Option<String>,
 }
 
-fn flag(raw: Option<&str>, default: bool) -> Result<bool, ApiError> {
+/// A flag's value, or `None` when it is neither 1/0, true/false nor yes/no.
+fn flag(raw: Option<&str>, default: bool) -> Option<bool> {
     match raw {
-        None => Ok(default),
-        Some("1" | "true" | "yes") => Ok(true),
-        Some("0" | "false" | "no") => Ok(false),
-        Some(_) => Err(ApiError::bad(
-            "invalid_query",
-            "flags take 1/0 or true/false",
-        )),
+        None => Some(default),
+        Some("1" | "true" | "yes") => Some(true),
+        Some("0" | "false" | "no") => Some(false),
+        Some(_) => None,
     }
+}
+
+/// What a badge shows, with every invalid parameter replaced by its documented default; the
+/// names of the replaced ones go to `X-Tally-Warning`, so a README never shows a broken image.
+struct BadgeParams {
+    page: Option<PagePath>,
+    metric: &'static str,
+    label: Option<String>,
+    color: BadgeColor,
+    label_color: Option<BadgeColor>,
+    style: BadgeStyle,
+    short: bool,
+    count: bool,
+    ignored: Vec<&'static str>,
+}
+
+impl BadgeParams {
+    fn from_query(query: Result<BadgeQuery, ()>) -> Self {
+        let mut ignored = Vec::new();
+        let q = query.unwrap_or_else(|()| {
+            ignored.push("query");
+            BadgeQuery::default()
+        });
+        let mut pick = |name: &'static str, ok: bool| {
+            if !ok {
+                ignored.push(name);
+            }
+        };
+        // A page without its leading slash is read as if it had one.
+        let page = match q.page.as_deref() {
+            None | Some("") => None,
+            Some(p) => {
+                let page = PagePath::parse(p)
+                    .or_else(|_| PagePath::parse(&format!("/{p}")))
+                    .ok();
+                pick("page", page.is_some());
+                page
+            }
+        };
+        let metric = match q.metric.as_deref() {
+            None => "views",
+            Some("views") => "views",
+            Some("visitors") => "visitors",
+            Some("today") => "today",
+            Some(_) => {
+                pick("metric", false);
+                "views"
+            }
+        };
+        let color = q.color.as_deref().map(BadgeColor::parse);
+        pick("color", !matches!(color, Some(None)));
+        let label_color = q.label_color.as_deref().map(BadgeColor::parse);
+        pick("labelColor", !matches!(label_color, Some(None)));
+        let style = q.style.as_deref().map(BadgeStyle::parse);
+        pick("style", !matches!(style, Some(None)));
+        let short = flag(q.abbreviate.as_deref(), false);
+        pick("abbreviate", short.is_some());
+        let count = flag(q.count.as_deref(), true);
+        pick("count", count.is_some());
+        Self {
+            page,
+            metric,
+            label: q.label,
+            color: color.flatten().unwrap_or_default(),
+            label_color: label_color.flatten(),
+            style: style.flatten().unwrap_or_default(),
+            short: short.unwrap_or(false),
+            count: count.unwrap_or(true),
+            ignored,
+        }
+    }
+}
+
+/// The shields endpoint-badge JSON (`https://shields.io/badges/endpoint-badge`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EndpointBadge {
+    schema_version: u8,
+    label: String,
+    message: String,
+    color: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    label_color: Option<String>,
 }
 
 async fn badge(
@@ -207,36 +291,22 @@ async fn badge(
     headers: HeaderMap,
     query: Result<Query<BadgeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let q = super::query(query)?;
-    let raw_site = file
-        .strip_suffix(".svg")
-        .ok_or_else(|| ApiError::NotFound("badges end in .svg".into()))?;
+    let (raw_site, json) = match (file.strip_suffix(".svg"), file.strip_suffix(".json")) {
+        (Some(site), _) => (site, false),
+        (_, Some(site)) => (site, true),
+        _ => {
+            return Err(ApiError::NotFound(
+                "badges end in .svg (or .json for shields' endpoint badge)".into(),
+            ));
+        }
+    };
     let site_id = super::site_id(raw_site)?;
-    let page = parse_page(q.page.as_deref())?;
-    let metric = q.metric.as_deref().unwrap_or("views");
-    if !matches!(metric, "views" | "visitors" | "today") {
-        return Err(ApiError::bad(
-            "invalid_metric",
-            "metric must be views, visitors or today",
-        ));
-    }
-    let style = match q.style.as_deref() {
-        None => BadgeStyle::Flat,
-        Some(s) => BadgeStyle::parse(s)
-            .ok_or_else(|| ApiError::bad("invalid_style", "style must be flat or flat-square"))?,
-    };
-    let color = match q.color.as_deref() {
-        None => BadgeColor::default(),
-        Some(c) => BadgeColor::parse(c).ok_or_else(|| {
-            ApiError::bad(
-                "invalid_color",
-                "color must be a shields colour name or hex RGB",
-            )
-        })?,
-    };
+    let p = BadgeParams::from_query(query.map(|q| q.0).map_err(|_| ()));
+    let page = p.page.clone();
+    let (metric, color, label_color, style) = (p.metric, p.color, p.label_color, p.style);
     // HEAD never counts (link checkers and proxies probe with it).
-    let counting = flag(q.count.as_deref(), true)? && method != Method::HEAD;
-    let short = flag(q.abbreviate.as_deref(), false)?;
+    let counting = p.count && method != Method::HEAD;
+    let short = p.short;
     let counted_page = page.clone().unwrap_or_else(PagePath::root);
     let (site, status) = if counting {
         let sender = Sender::from_request(&state, peer, &headers);
@@ -266,10 +336,24 @@ async fn badge(
         _ => (scope.views, "views"),
     };
     let value = if short { abbreviate(n) } else { group(n) };
+    let label = p.label.as_deref().unwrap_or(default_label);
+    if json {
+        let body = EndpointBadge {
+            schema_version: 1,
+            label: crate::core::badge::clean(label),
+            message: value,
+            color: color.to_string(),
+            label_color: label_color.map(|c| c.to_string()),
+        };
+        let mut response = axum::Json(body).into_response();
+        finish(response.headers_mut(), status, &p.ignored);
+        return Ok(response);
+    }
     let svg = Badge {
-        label: q.label.as_deref().unwrap_or(default_label),
+        label,
         value: &value,
         color,
+        label_color,
         style,
     }
     .render();
@@ -288,6 +372,15 @@ async fn badge(
             .into_response()
     };
     let h = response.headers_mut();
+    finish(h, status, &p.ignored);
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    Ok(response)
+}
+
+/// Headers of every badge answer: never cached, the count status, what was ignored.
+fn finish(h: &mut HeaderMap, status: ViewStatus, ignored: &[&'static str]) {
     // Image proxies (GitHub's camo) must re-fetch on every view.
     h.insert(
         header::CACHE_CONTROL,
@@ -298,11 +391,15 @@ async fn badge(
         HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"),
     );
     h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
-    if let Ok(v) = HeaderValue::from_str(&etag) {
-        h.insert(header::ETAG, v);
-    }
     h.insert("x-tally-status", HeaderValue::from_static(status.as_str()));
-    Ok(response)
+    if !ignored.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&format!(
+            "ignored invalid {} (defaults used)",
+            ignored.join(", ")
+        ))
+    {
+        h.insert("x-tally-warning", v);
+    }
 }
 
 /// The smallest transparent 1×1 GIF (43 bytes).

@@ -1,5 +1,6 @@
 //! `GET /dashboard/{site}` (HTML, readable without JavaScript) and its JSON twins
-//! `GET /api/v1/sites/{site}/series` and `/top`.
+//! `GET /api/v1/sites/{site}/series`, `/top` and `/events` (custom events: the 50 names with
+//! most events in the range, each with its days).
 //!
 //! Access: public sites are open; private sites need the admin token, as `Authorization:
 //! Bearer <token>` or the session cookie set by the login form (`POST /dashboard/{site}/login`;
@@ -38,6 +39,7 @@ use crate::store::Site;
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/dashboard/{site}", get(page))
+        .route("/favicon.ico", get(favicon))
         .route("/dashboard/{site}/login", post(login))
         .route("/dashboard/{site}/logout", post(logout))
 }
@@ -46,7 +48,11 @@ pub fn api_router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/sites/{site}/series", get(series))
         .route("/api/v1/sites/{site}/top", get(top))
+        .route("/api/v1/sites/{site}/events", get(events))
 }
+
+/// Most custom event names listed (ranked in the database).
+const EVENTS_LIMIT: u32 = 50;
 
 /// Range selection shared by the page and the JSON.
 #[derive(Debug, Deserialize)]
@@ -299,6 +305,69 @@ async fn top(
     }))
 }
 
+#[derive(Serialize)]
+struct EventDayJson {
+    day: String,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct EventJson {
+    name: String,
+    count: u64,
+    days: Vec<EventDayJson>,
+}
+
+#[derive(Serialize)]
+struct EventsResponse {
+    site: String,
+    from: String,
+    to: String,
+    events: Vec<EventJson>,
+}
+
+async fn event_list(
+    state: &AppState,
+    site: &Site,
+    range: DayRange,
+) -> Result<Vec<EventJson>, ApiError> {
+    Ok(state
+        .store
+        .top_events(&site.id, range.from, range.to, EVENTS_LIMIT)
+        .await?
+        .into_iter()
+        .map(|e| EventJson {
+            name: e.name,
+            count: e.count,
+            days: e
+                .days
+                .into_iter()
+                .map(|(day, count)| EventDayJson {
+                    day: day.to_string(),
+                    count,
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+async fn events(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(raw): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<RangeQuery>, QueryRejection>,
+) -> Result<Json<EventsResponse>, ApiError> {
+    let (site, range, _, _slot) = scope(&state, &raw, peer, &headers, query).await?;
+    let events = event_list(&state, &site, range).await?;
+    Ok(Json(EventsResponse {
+        site: site.id.to_string(),
+        from: range.from.to_string(),
+        to: range.to.to_string(),
+        events,
+    }))
+}
+
 struct Card {
     label: &'static str,
     views: String,
@@ -313,6 +382,7 @@ struct RangeLink {
 }
 
 struct Row {
+    /// What is shown: a page path percent-decoded for reading (`core::display`), or a host.
     label: String,
     views: String,
     visitors: String,
@@ -320,6 +390,14 @@ struct Row {
     share: u64,
     /// Distinct visitors on this page in the live window (pages only).
     live: u64,
+}
+
+struct EventRowView {
+    name: String,
+    count: String,
+    share: u64,
+    /// `2026-05-09: 3 · 2026-05-10: 1`, shown on hover.
+    days: String,
 }
 
 #[derive(Template)]
@@ -333,10 +411,29 @@ struct DashboardPage {
     chart: String,
     pages: Vec<Row>,
     referrers: Vec<Row>,
+    /// Custom events: name, total, and per-day counts for the hover text.
+    events: Vec<EventRowView>,
     public: bool,
     live_window: u32,
     /// The viewer is the admin (a sign-out button is shown).
     signed_in: bool,
+    /// The site's own page with `#tally-ignore` (the snippet then stops counting this
+    /// browser), when the site names an origin.
+    ignore_url: Option<String>,
+}
+
+/// The favicon (an SVG; browsers take it from `/favicon.ico` by its content type).
+const FAVICON_SVG: &str = include_str!("../../templates/favicon.svg");
+
+async fn favicon() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "image/svg+xml"),
+            (header::CACHE_CONTROL, "public, max-age=86400"),
+        ],
+        FAVICON_SVG,
+    )
+        .into_response()
 }
 
 #[derive(Template)]
@@ -431,6 +528,8 @@ async fn page(
 
     let chart = daily_chart(&daily_points(&state, &site, range).await?);
     let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
+    let events = event_list(&state, &site, range).await?;
+    let top_event = events.first().map(|e| e.count).unwrap_or(0);
     let top_page = pages.first().map(|p| p.views).unwrap_or(0);
     let top_ref = referrers.first().map(|r| r.views).unwrap_or(0);
     let body = DashboardPage {
@@ -461,7 +560,7 @@ async fn page(
                         super::counts::live_of_key(&state, &key, now.as_millisecond()).visitors
                     })
                     .unwrap_or(0),
-                label: p.page,
+                label: crate::core::display::display_path(&p.page),
                 views: group(p.views),
                 visitors: group(p.visitors),
             })
@@ -476,9 +575,28 @@ async fn page(
                 visitors: String::new(),
             })
             .collect(),
+        events: events
+            .into_iter()
+            .map(|e| EventRowView {
+                share: share(e.count, top_event),
+                count: group(e.count),
+                days: e
+                    .days
+                    .iter()
+                    .map(|d| format!("{}: {}", d.day, group(d.count)))
+                    .collect::<Vec<_>>()
+                    .join(" · "),
+                name: e.name,
+            })
+            .collect(),
         public: site.public,
         live_window: state.config.live_window_secs,
         signed_in,
+        ignore_url: site
+            .origins
+            .iter()
+            .find(|o| o.starts_with("https://") || o.starts_with("http://"))
+            .map(|o| format!("{}/#tally-ignore", o.trim_end_matches('/'))),
     }
     .render();
     Ok(html(StatusCode::OK, body))

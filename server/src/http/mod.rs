@@ -9,10 +9,13 @@
 //!
 //! The client's address is the peer's, or behind a trusted proxy the rightmost untrusted hop of
 //! the configured forwarding header ([`crate::core::forwarded`]).
+//!
+//! gzip/brotli compression of text answers (`compress`).
 
 mod assets;
 pub mod auth;
 mod badge;
+mod compress;
 mod counts;
 mod dashboard;
 mod error;
@@ -268,6 +271,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn(nosniff))
+        .layer(compress::layer())
         .with_state(state)
 }
 

@@ -1,6 +1,7 @@
 //! Operations endpoints: `/healthz` (the process answers), `/readyz` (the storage probe passes
 //! — the database file is the one opened, the disk is above its floor, a read works — and the
-//! queue has room; the body says why not), `/metrics` (Prometheus text format).
+//! queue has room; the body says why not), `/metrics` (the classic Prometheus text format
+//! 0.0.4, or OpenMetrics 1.0 when the `Accept` header names `application/openmetrics-text`).
 //!
 //! `/metrics` is open unless `--metrics-token` is set; then it needs `Authorization: Bearer
 //! <metrics token>` (401 otherwise; wrong tokens are throttled guesses, see `http::auth`).
@@ -14,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use super::{ApiError, AppState};
+use crate::metrics::{CLASSIC_CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE};
 use crate::store::StoreError;
 
 pub fn router() -> Router<AppState> {
@@ -79,12 +81,40 @@ async fn metrics(
             .disk_free_bytes
             .set(i64::try_from(free).unwrap_or(i64::MAX));
     }
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
-        .into_response())
+    Ok(if wants_openmetrics(&headers) {
+        (
+            [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+            state.metrics.render_openmetrics(),
+        )
+            .into_response()
+    } else {
+        (
+            [(header::CONTENT_TYPE, CLASSIC_CONTENT_TYPE)],
+            state.metrics.render_classic(),
+        )
+            .into_response()
+    })
+}
+
+/// Whether `Accept` lists OpenMetrics with a non-zero weight (Prometheus 2.x sends
+/// `application/openmetrics-text;version=1.0.0;q=0.5,…,text/plain;version=0.0.4;q=0.4,*/*;q=0.1`
+/// and parses either; we answer its first choice).
+fn wants_openmetrics(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let is_open = parts
+                .next()
+                .is_some_and(|t| t.eq_ignore_ascii_case("application/openmetrics-text"));
+            let q_zero = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            is_open && !q_zero
+        })
 }

@@ -173,6 +173,16 @@ pub struct ReferrerRow {
     pub views: u64,
 }
 
+/// One custom event name's counts over a range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRow {
+    pub name: String,
+    /// Events of this name over the whole range.
+    pub count: u64,
+    /// Per local day, in day order; days without events are absent.
+    pub days: Vec<(Date, u64)>,
+}
+
 /// The persistence interface of the collector.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -246,6 +256,17 @@ pub trait Store: Send + Sync + 'static {
         span: (jiff::Timestamp, jiff::Timestamp),
         limit: u32,
     ) -> Result<Vec<ReferrerRow>, StoreError>;
+
+    /// The `limit` custom event names with most events over the local days `from..=to`
+    /// (ties by name), each with its per-day counts; ranked and limited inside the database,
+    /// so no more than `limit` names are ever held in memory.
+    async fn top_events(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, StoreError>;
 
     /// Set the carried-over numbers of a site (`page` = None) or one page.
     async fn set_base(

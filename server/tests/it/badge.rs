@@ -73,7 +73,7 @@ async fn badge_counts_with_proxy_proof_headers_and_suppresses_repeats() {
 }
 
 #[tokio::test]
-async fn badge_escapes_user_text_and_rejects_bad_parameters() {
+async fn badge_escapes_user_text_and_falls_back_on_bad_parameters() {
     let mut app = spawn_app().await;
     let r = badge(
         &app,
@@ -85,21 +85,83 @@ async fn badge_escapes_user_text_and_rejects_bad_parameters() {
     let svg = r.text().await.expect("svg");
     assert!(!svg.contains("<script"), "{svg}");
     assert!(svg.contains("&lt;/text&gt;&lt;script&gt;"), "{svg}");
-    for (query, status, code) in [
-        ("?metric=pageviews", 400, "invalid_metric"),
-        ("?color=javascript:alert(1)", 400, "invalid_color"),
-        ("?style=3d", 400, "invalid_style"),
-        ("?count=maybe", 400, "invalid_query"),
-        ("?page=no-slash", 400, "invalid_page"),
+    // Invalid parameters never break the image: defaults are used and named in a header.
+    for (query, ignored) in [
+        ("?metric=pageviews&count=0", "metric"),
+        ("?color=javascript:alert(1)&count=0", "color"),
+        ("?labelColor=nope&count=0", "labelColor"),
+        ("?style=3d&count=0", "style"),
+        ("?abbreviate=maybe&count=0", "abbreviate"),
+        ("?page=//evil&count=0", "page"),
     ] {
         let r = badge(&app, query, None).await;
-        assert_eq!(r.status(), status, "{query}");
-        let v: serde_json::Value = r.json().await.expect("json");
-        assert_eq!(v["error"], code, "{query}");
+        assert_eq!(r.status(), 200, "{query}");
+        assert_eq!(
+            r.headers()["x-tally-warning"],
+            format!("ignored invalid {ignored} (defaults used)").as_str(),
+            "{query}"
+        );
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .expect("ct")
+                .starts_with("image/svg+xml")
+        );
+        let svg = r.text().await.expect("svg");
+        assert_eq!(title(&svg), "views: 0", "{query}");
+        assert!(svg.contains(r##"fill="#007ec6""##), "default colour: {svg}");
     }
+    let r = badge(
+        &app,
+        "?count=0&style=plastic&labelColor=fff&color=red",
+        None,
+    )
+    .await;
+    assert!(r.headers().get("x-tally-warning").is_none());
+    let svg = r.text().await.expect("svg");
+    assert!(svg.contains(r#"height="18""#) && svg.contains(r##"fill="#fff""##));
     let r = app.get("/badge/nope.svg").await;
     assert_eq!(r.status(), 403);
     assert_eq!(app.counts("/").await.site.views, 0, "nothing was counted");
+    // A flag that is not a flag takes its default: `count=maybe` counts.
+    let r = badge(&app, "?count=maybe", None).await;
+    assert_eq!(r.headers()["x-tally-status"], "accepted");
+    assert_eq!(
+        r.headers()["x-tally-warning"],
+        "ignored invalid count (defaults used)"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn badge_json_follows_the_shields_endpoint_schema_and_the_same_counting() {
+    let mut app = spawn_app().await;
+    let r = app
+        .get("/badge/blog.json?label=reads&color=green&labelColor=333")
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-tally-status"], "accepted");
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .expect("ct")
+            .starts_with("application/json")
+    );
+    let v: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(
+        v,
+        serde_json::json!({"schemaVersion": 1, "label": "reads", "message": "1",
+            "color": "#67ac09", "labelColor": "#333"})
+    );
+    let r = app.get("/badge/blog.json?count=0&color=bogus").await;
+    assert_eq!(r.headers()["x-tally-status"], "display_only");
+    assert!(r.headers().get("x-tally-warning").is_some());
+    let v: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(
+        v,
+        serde_json::json!({"schemaVersion": 1, "label": "views", "message": "1", "color": "#007ec6"})
+    );
+    assert_eq!(app.get("/badge/blog.png").await.status(), 404);
     app.stop().await;
 }
 

@@ -88,6 +88,56 @@ async fn dedupe_keys_count_custom_events_once(store: Arc<dyn Store>) {
     assert!(report.drift.is_empty() && report.checked >= 2, "{report:?}");
 }
 
+/// Top events: names ranked by their count over the range (ties by name), cut to the limit,
+/// each with its day rows in order; days outside the range, other sites and page views are
+/// not counted.
+async fn top_events_rank_limit_and_split_by_day(store: Arc<dyn Store>) {
+    let (d1, d2, d3) = (date(2026, 4, 1), date(2026, 4, 2), date(2026, 4, 3));
+    let mut n: u8 = 0;
+    let mut event = |name: &str, day, site: &str| {
+        n += 1;
+        Record {
+            site: SiteId::parse(site).expect("site"),
+            kind: HitKind::Event {
+                name: EventName::parse(name).expect("name"),
+                dedupe: None,
+            },
+            ..record(n, 1, "/", day)
+        }
+    };
+    let batch = vec![
+        event("signup", d1, "s"),
+        event("signup", d2, "s"),
+        event("signup", d2, "s"),
+        event("download", d1, "s"),
+        event("download", d3, "s"),
+        event("download", d3, "s"),
+        event("zeta", d2, "s"),
+        event("alpha", d2, "s"),
+        event("signup", d2, "other"),
+        event("late", d3, "s"),
+    ];
+    let mut batch = batch;
+    batch.push(record(200, 1, "/", d2));
+    store.commit(batch).await.expect("commit");
+    let s = SiteId::parse("s").expect("s");
+    let rows = store.top_events(&s, d1, d2, 3).await.expect("events");
+    let names: Vec<(&str, u64)> = rows.iter().map(|r| (r.name.as_str(), r.count)).collect();
+    assert_eq!(names, [("signup", 3), ("alpha", 1), ("download", 1)]);
+    assert_eq!(rows[0].days, [(d1, 1), (d2, 2)]);
+    assert_eq!(rows[2].days, [(d1, 1)], "d3 is outside the range");
+    let all = store.top_events(&s, d1, d3, 50).await.expect("events");
+    assert_eq!(all.len(), 5);
+    assert_eq!((all[0].name.as_str(), all[0].count), ("download", 3));
+    assert!(
+        store
+            .top_events(&SiteId::parse("nobody").expect("id"), d1, d3, 50)
+            .await
+            .expect("events")
+            .is_empty()
+    );
+}
+
 async fn verify_finds_and_repairs_drift(store: Arc<dyn Store>, tamper: impl FnOnce()) {
     let d = date(2026, 4, 1);
     store
@@ -236,6 +286,11 @@ mod sqlite {
     #[tokio::test]
     async fn dedupe_keys_count_custom_events_once() {
         super::dedupe_keys_count_custom_events_once(open().2).await;
+    }
+
+    #[tokio::test]
+    async fn top_events_rank_limit_and_split_by_day() {
+        super::top_events_rank_limit_and_split_by_day(open().2).await;
     }
 
     #[tokio::test]

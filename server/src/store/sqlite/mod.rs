@@ -39,7 +39,7 @@ use guard::FileGuard;
 use intern::{Interned, Resolver};
 use read::{
     id_bound, insert_site, query_sites, read_counts, read_range_totals, read_series,
-    read_top_pages, read_top_referrers,
+    read_top_events, read_top_pages, read_top_referrers,
 };
 use schema::ALL_TIME;
 use verify::verify_counters;
@@ -55,8 +55,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use tally_wire::Numbers;
 
 use super::{
-    BySource, CountsRaw, DayRow, Drift, PageRow, PruneReport, ReferrerRow, Retention, Site, Store,
-    StoreError, VerifyReport,
+    BySource, CountsRaw, DayRow, Drift, EventRow, PageRow, PruneReport, ReferrerRow, Retention,
+    Site, Store, StoreError, VerifyReport,
 };
 use crate::core::day::SiteZone;
 use crate::core::hit::HitKind;
@@ -471,6 +471,18 @@ impl Store for SqliteStore {
             id_bound(end.as_millisecond()),
         );
         self.read(move |conn| read_top_referrers(conn, &site, (from, to), ids, limit))
+            .await
+    }
+
+    async fn top_events(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_top_events(conn, &site, from, to, limit))
             .await
     }
 

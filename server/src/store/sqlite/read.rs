@@ -1,4 +1,4 @@
-//! Queries: counts, sites, daily series, range totals, top pages and referrers.
+//! Queries: counts, sites, daily series, range totals, top pages, referrers and events.
 //!
 //! Every query is limited inside the database: top pages are ranked, tie-broken and cut to
 //! `limit` by SQL (grouped in the order of the `pages` index, so no temporary b-tree holds
@@ -288,4 +288,44 @@ pub(super) fn read_top_referrers(
         })
     })?;
     rows.collect::<Result<_, _>>().map_err(Into::into)
+}
+
+/// The `limit` event names with most events over `from..=to`, with their day rows: the names
+/// are summed, ranked and cut in SQL (a GROUP BY over the `(site, name, day)` key), and only
+/// the chosen names' day rows are read back.
+pub(super) fn read_top_events(
+    conn: &Connection,
+    site: &str,
+    from: i64,
+    to: i64,
+    limit: u32,
+) -> Result<Vec<EventRow>, StoreError> {
+    let (from, to) = clamp(from, to);
+    let mut stmt = conn.prepare_cached(
+        "WITH k AS (SELECT id FROM site_keys WHERE name = ?1), \
+         top AS (SELECT c.name, SUM(c.count) AS n FROM event_counters c, k \
+                 WHERE c.site = k.id AND c.day BETWEEN ?2 AND ?3 \
+                 GROUP BY c.name ORDER BY n DESC, c.name LIMIT ?4) \
+         SELECT t.name, t.n, c.day, c.count FROM top t, k \
+         JOIN event_counters c ON c.site = k.id AND c.name = t.name AND c.day BETWEEN ?2 AND ?3 \
+         ORDER BY t.n DESC, t.name, c.day",
+    )?;
+    let mut rows = stmt.query(params![site, from, to, limit])?;
+    let mut out: Vec<EventRow> = Vec::new();
+    while let Some(row) = rows.next()? {
+        let name: String = row.get(0)?;
+        let day = num_day(row.get(2)?)?;
+        let count = u64::try_from(row.get::<_, i64>(3)?).unwrap_or(0);
+        if out.last().is_none_or(|last| last.name != name) {
+            out.push(EventRow {
+                name,
+                count: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+                days: Vec::new(),
+            });
+        }
+        if let Some(last) = out.last_mut() {
+            last.days.push((day, count));
+        }
+    }
+    Ok(out)
 }
