@@ -7,6 +7,8 @@
 //!   all-time rows are then never comparable), and
 //! - it is not a per-page day row before the page prune marker (`meta.page_rows_before_day`).
 //!
+//! Imported daily aggregates (`source` = [`IMPORTED_SOURCE`]) are never compared.
+//!
 //! Repair deletes and re-inserts exactly the comparable rows, rebuilds the per-day visitor
 //! sets of days after both the raw prune marker and the visitor prune marker
 //! (`meta.visitor_rows_before_day`), and refills the all-time sets from the stored events
@@ -69,8 +71,9 @@ impl Cuts {
             None => "1".to_owned(),
             Some(cut) => format!("(day != -1 AND day > {cut})"),
         };
+        // Imported daily aggregates have no raw events: never compared nor rewritten.
         format!(
-            "{raw} AND (day = -1 OR day >= {} OR NOT ({page_row}))",
+            "source != {IMPORTED_SOURCE} AND {raw} AND (day = -1 OR day >= {} OR NOT ({page_row}))",
             self.pages
         )
     }
