@@ -90,7 +90,8 @@ pub(super) fn caddy(line: &str) -> Result<Parsed, String> {
     let v: serde_json::Value =
         serde_json::from_str(line).map_err(|e| format!("malformed JSON: {e}"))?;
     let req = v.get("request").ok_or("malformed: no request object")?;
-    let text = |o: &serde_json::Value, k: &str| o.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    let text =
+        |o: &serde_json::Value, k: &str| o.get(k).and_then(|x| x.as_str()).map(str::to_owned);
     let header = |name: &str| {
         req.get("headers")
             .and_then(|h| h.get(name))
@@ -142,7 +143,9 @@ mod tests {
         assert_eq!(p.path, "/posts/a?x=1");
         assert_eq!(p.at.to_string(), "2025-10-10T20:55:36Z");
         assert_eq!(p.client, "203.0.113.9");
-        let post = combined(r#"1.2.3.4 - - [10/Oct/2025:13:55:36 +0000] "POST /a HTTP/1.1" 200 1 "-" "x""#);
+        let post = combined(
+            r#"1.2.3.4 - - [10/Oct/2025:13:55:36 +0000] "POST /a HTTP/1.1" 200 1 "-" "x""#,
+        );
         assert_eq!(post.err().as_deref(), Some("not a page view: method POST"));
         let vhost = combined(r#"blog.example.com:443 1.2.3.4 - - [10/Oct/2025:13:55:36 +0000] "GET /a HTTP/1.1" 304 0 "-" "ua \"q\"""#)
             .expect("vhost");

@@ -111,9 +111,34 @@ pub fn is_bot(user_agent: &str) -> bool {
 
 /// Files served that are not pages.
 const ASSETS: &[&str] = &[
-    "css", "js", "mjs", "map", "png", "jpg", "jpeg", "gif", "svg", "ico", "webp", "avif", "woff",
-    "woff2", "ttf", "otf", "eot", "xml", "txt", "json", "webmanifest", "wasm", "mp4", "webm",
-    "mp3", "pdf", "zip", "gz",
+    "css",
+    "js",
+    "mjs",
+    "map",
+    "png",
+    "jpg",
+    "jpeg",
+    "gif",
+    "svg",
+    "ico",
+    "webp",
+    "avif",
+    "woff",
+    "woff2",
+    "ttf",
+    "otf",
+    "eot",
+    "xml",
+    "txt",
+    "json",
+    "webmanifest",
+    "wasm",
+    "mp4",
+    "webm",
+    "mp3",
+    "pdf",
+    "zip",
+    "gz",
 ];
 
 fn is_asset(path: &str) -> bool {

@@ -126,10 +126,14 @@ pub(super) async fn bases(
         }
         report.lines += 1;
         let parsed = (|| -> Result<(Option<PagePath>, Numbers), String> {
-            let views: u64 = views.parse().map_err(|_| format!("views {views:?} is not a number"))?;
+            let views: u64 = views
+                .parse()
+                .map_err(|_| format!("views {views:?} is not a number"))?;
             let visitors = match record.get(2).map(str::trim) {
                 None | Some("") => 0,
-                Some(v) => v.parse().map_err(|_| format!("visitors {v:?} is not a number"))?,
+                Some(v) => v
+                    .parse()
+                    .map_err(|_| format!("visitors {v:?} is not a number"))?,
             };
             let page = match page {
                 "" | "*" => None,
@@ -245,7 +249,9 @@ pub(super) async fn tally_csv(
         })();
         match row {
             Ok(row) => lane.push(row).await?,
-            Err(why) => rejects.write(line_no, &why, &record.iter().collect::<Vec<_>>().join(","))?,
+            Err(why) => {
+                rejects.write(line_no, &why, &record.iter().collect::<Vec<_>>().join(","))?
+            }
         }
     }
     lane.flush().await?;

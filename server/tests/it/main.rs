@@ -9,6 +9,7 @@ mod crash;
 mod dashboard;
 mod days;
 mod hits;
+mod import;
 mod migration_fixture;
 mod overload;
 mod store_conformance;

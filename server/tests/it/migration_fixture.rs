@@ -122,10 +122,34 @@ async fn the_v2_fixture_opens_and_keeps_its_numbers() {
         .counts(&site(), &page, date(2026, 3, 1))
         .await
         .expect("counts");
-    assert_eq!(counts.site_all.web, Numbers { views: 14, visitors: 5 });
-    assert_eq!(counts.site_today.web, Numbers { views: 14, visitors: 5 });
-    assert_eq!(counts.page_all.web, Numbers { views: 10, visitors: 5 });
-    assert_eq!(counts.site_base, Numbers { views: 1000, visitors: 300 });
+    assert_eq!(
+        counts.site_all.web,
+        Numbers {
+            views: 14,
+            visitors: 5
+        }
+    );
+    assert_eq!(
+        counts.site_today.web,
+        Numbers {
+            views: 14,
+            visitors: 5
+        }
+    );
+    assert_eq!(
+        counts.page_all.web,
+        Numbers {
+            views: 10,
+            visitors: 5
+        }
+    );
+    assert_eq!(
+        counts.site_base,
+        Numbers {
+            views: 1000,
+            visitors: 300
+        }
+    );
     let sites = store.list_sites().await.expect("sites");
     assert_eq!(sites.len(), 1);
     let report = store.verify(false).await.expect("verify");

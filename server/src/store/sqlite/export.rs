@@ -108,7 +108,11 @@ impl SqliteStore {
                 event_id,
                 at_ms: row.get(1)?,
                 day: num_day(row.get(2)?)?,
-                kind: if kind == KIND_EVENT { "event" } else { "pageview" },
+                kind: if kind == KIND_EVENT {
+                    "event"
+                } else {
+                    "pageview"
+                },
                 page: row.get(4)?,
                 name: row.get(5)?,
                 source: match source {

@@ -40,8 +40,8 @@ mod write;
 
 pub use backup::migration_backup_path;
 pub use export::{DailyExportRow, EventExportRow};
-pub use import::{DailyImport, ImportOptions};
 use guard::FileGuard;
+pub use import::{DailyImport, ImportOptions};
 use intern::{Interned, Resolver};
 use read::{
     id_bound, insert_site, query_sites, read_counts, read_range_totals, read_series,

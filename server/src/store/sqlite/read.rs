@@ -201,7 +201,9 @@ pub(super) fn read_range_totals(
          WHERE scope = ?1 AND source IN (0, 1, 2) AND day BETWEEN ?2 AND ?3 GROUP BY source",
     )?;
     let views: Vec<(i64, i64, i64)> = stmt
-        .query_map(params![scope, from, to], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .query_map(params![scope, from, to], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
         .collect::<Result<_, _>>()?;
     for (source, views, summed) in views {
         // Imported aggregates have no visitor sets: their daily visitors are summed.

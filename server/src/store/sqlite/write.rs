@@ -44,9 +44,8 @@ pub(super) fn commit_batch(
             "INSERT INTO event_counters (site, name, day, count) VALUES (?1, ?2, ?3, 1) \
              ON CONFLICT (site, name, day) DO UPDATE SET count = count + 1",
         )?;
-        let mut insert_ledger = tx.prepare_cached(
-            "INSERT OR IGNORE INTO import_ledger (event_id) VALUES (?1)",
-        )?;
+        let mut insert_ledger =
+            tx.prepare_cached("INSERT OR IGNORE INTO import_ledger (event_id) VALUES (?1)")?;
         // The latest event counted without being kept raw (imports of old events).
         let mut not_kept_until: Option<i64> = None;
         // Counters are summed in memory and written once per key at the end of the batch: a
@@ -86,18 +85,18 @@ pub(super) fn commit_batch(
                 1
             } else {
                 insert_event.execute(params![
-                &r.event_id.as_bytes()[..],
-                site,
-                source,
-                kind,
-                page,
-                name,
-                dedupe,
-                visitor,
-                r.at_ms,
-                day,
-                r.referrer,
-            ])?
+                    &r.event_id.as_bytes()[..],
+                    site,
+                    source,
+                    kind,
+                    page,
+                    name,
+                    dedupe,
+                    visitor,
+                    r.at_ms,
+                    day,
+                    r.referrer,
+                ])?
             };
             if inserted == 0 {
                 outcomes.push(Outcome::Duplicate);
