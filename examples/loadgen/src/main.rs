@@ -62,6 +62,24 @@ enum Cmd {
         #[arg(long, default_value_t = 8)]
         connections: usize,
     },
+    /// Live p99 with no import vs during a `tally import` of a generated combined log on the
+    /// same database (the import's low-priority lane), and the import's rate, in one run.
+    Import {
+        #[arg(long, default_value = "target/release/tally")]
+        tally: PathBuf,
+        /// Log lines to generate and import.
+        #[arg(long, default_value_t = 300_000)]
+        lines: u64,
+        /// Seconds of live load, idle and again during the import.
+        #[arg(long, default_value_t = 8)]
+        duration: u64,
+        /// Concurrent live connections.
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        /// Extra arguments for `tally import` (e.g. "--pause 0").
+        #[arg(long, default_value = "")]
+        import_args: String,
+    },
     /// The do-nothing baseline server (started by `run`).
     Baseline,
     /// Drive an already running server (for profiling).
@@ -110,6 +128,13 @@ fn main() -> anyhow::Result<()> {
                 visitors,
                 connections,
             } => memory(tally, visitors, connections).await,
+            Cmd::Import {
+                tally,
+                lines,
+                duration,
+                connections,
+                import_args,
+            } => import(tally, lines, duration, connections, import_args).await,
         }
     })
 }
@@ -439,4 +464,100 @@ fn tempdir() -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("tally-bench-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// A combined log of `lines` page views over the last `lines` seconds: 2,000 sources, 200
+/// pages, a few user agents.
+fn write_log(path: &std::path::Path, lines: u64) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let now = jiff::Timestamp::now().as_second();
+    let agents = [
+        UA,
+        "Mozilla/5.0 (X11; Linux x86_64; rv:135.0) Gecko/20100101 Firefox/135.0",
+        "Mozilla/5.0 (iPhone; CPU iPhone OS 18_3 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/18.3 Mobile/15E148 Safari/604.1",
+    ];
+    for i in 0..lines {
+        let at = jiff::Timestamp::from_second(now - (lines - i) as i64)?;
+        let when = at.strftime("%d/%b/%Y:%H:%M:%S +0000");
+        writeln!(
+            out,
+            "10.{}.{}.{} - - [{when}] \"GET /posts/{}/ HTTP/1.1\" 200 5120 \"https://news.example/\" \"{}\"",
+            (i / 65536) % 256,
+            (i / 256) % 8,
+            i % 250,
+            (i * 7919) % 200,
+            agents[(i % 3) as usize]
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+async fn import(
+    tally: PathBuf,
+    lines: u64,
+    duration: u64,
+    connections: usize,
+    import_args: String,
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("bench.sqlite");
+    let log = dir.path().join("access.log");
+    write_log(&log, lines)?;
+    let status = Command::new(&tally)
+        .args(["site", "add", "bench", "--origin", "*", "--db"])
+        .arg(&db)
+        .env("TALLY_LOG", "error")
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "site add failed");
+    let (_server, addr) = spawn_tally(&tally, &db, "").await?;
+    let span = Duration::from_secs(duration);
+    // Warm up (page ids, caches), then the idle measurement.
+    drive(&addr, Duration::from_secs(1), connections, 0).await?;
+    let idle = drive(&addr, span, connections, 0).await?;
+    let started = Instant::now();
+    let mut cmd = Command::new(&tally);
+    cmd.args(["import", "--format", "combined", "--site", "bench", "--db"])
+        .arg(&db)
+        .args(import_args.split_whitespace())
+        .arg(&log)
+        .env("TALLY_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let child = cmd.spawn()?;
+    let busy = drive(&addr, span, connections, 0).await?;
+    let live_done = started.elapsed();
+    let out = child.wait_with_output().await?;
+    let took = started.elapsed();
+    anyhow::ensure!(out.status.success(), "import failed");
+    let report = String::from_utf8_lossy(&out.stdout);
+    println!("import: {}", report.trim());
+    println!(
+        "import: {lines} lines in {:.2} s = {:.0} lines/s (while serving live load){}",
+        took.as_secs_f64(),
+        lines as f64 / took.as_secs_f64(),
+        if took < live_done {
+            "  NOTE: the import ended before the live measurement: raise --lines"
+        } else {
+            ""
+        }
+    );
+    for (name, s) in [("idle", &idle), ("during import", &busy)] {
+        println!(
+            "live {name:<14} {:>7.0} hits/s  p50 {:>6.2} ms  p99 {:>6.2} ms  errors {}",
+            s.rate(),
+            s.pct(0.5),
+            s.pct(0.99),
+            s.errors
+        );
+    }
+    let ratio = busy.pct(0.99) / idle.pct(0.99);
+    println!(
+        "p99 during import / idle = {ratio:.2} ({})",
+        if ratio <= 2.0 { "within 2x" } else { "ABOVE 2x" }
+    );
+    Ok(())
 }
