@@ -58,10 +58,10 @@ enum Command {
         #[arg(long)]
         reject: Option<PathBuf>,
         /// Records per commit (small batches keep live traffic fast).
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 50)]
         batch: usize,
         /// Pause after each batch, as a multiple of the time it held the database writer.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = 2.0)]
         pause: f64,
         /// The file to import.
         input: PathBuf,

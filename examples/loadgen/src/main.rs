@@ -512,7 +512,7 @@ async fn import(
         .status()
         .await?;
     anyhow::ensure!(status.success(), "site add failed");
-    let (_server, addr) = spawn_tally(&tally, &db, "").await?;
+    let (_server, addr) = spawn_tally(&tally, &db, "--address-limit-per-minute 0").await?;
     let span = Duration::from_secs(duration);
     // Warm up (page ids, caches), then the idle measurement.
     drive(&addr, Duration::from_secs(1), connections, 0).await?;
@@ -557,7 +557,11 @@ async fn import(
     let ratio = busy.pct(0.99) / idle.pct(0.99);
     println!(
         "p99 during import / idle = {ratio:.2} ({})",
-        if ratio <= 2.0 { "within 2x" } else { "ABOVE 2x" }
+        if ratio <= 2.0 {
+            "within 2x"
+        } else {
+            "ABOVE 2x"
+        }
     );
     Ok(())
 }

@@ -13,10 +13,11 @@
 //! - Old events are allowed (the 72 h window guards the live API only); events older than the
 //!   raw-event retention are counted into daily counters and visitor sets without being kept
 //!   raw (see `store::sqlite::import`).
-//! - The low-priority lane: records are committed in small batches (`batch`, default 200)
+//! - The low-priority lane: records are committed in small batches (`batch`, default 50)
 //!   through the store's one writer connection, and after each batch the import pauses for
-//!   `pause` × the time the batch held the writer, so a `tally serve` on the same file gets
-//!   the writer at least half of the time and waits for at most one short batch.
+//!   `pause` (default 2) × the time the batch held the writer, so a `tally serve` on the same
+//!   file gets the writer at least two thirds of the time and waits for at most one short
+//!   batch.
 //! - Visitors: a keyed hash (a key made for this run, never stored) of site, UTC day, client
 //!   address (or GoatCounter session) and user agent — like live hits, no address is stored.
 //!   A day split across two runs may count its visitors twice; its views never.
@@ -284,6 +285,8 @@ struct RecordMaker {
     /// Identical lines seen in the current second (their hash → how many).
     second: i64,
     seen: HashMap<[u8; 32], u32>,
+    /// Verdicts of [`is_bot`] per user agent (logs repeat few agents); bounded.
+    bots: HashMap<String, bool>,
 }
 
 impl RecordMaker {
@@ -293,7 +296,20 @@ impl RecordMaker {
             key: crate::privacy::random_bytes::<32>(),
             second: i64::MIN,
             seen: HashMap::new(),
+            bots: HashMap::new(),
         }
+    }
+
+    fn is_bot(&mut self, user_agent: &str) -> bool {
+        if let Some(&verdict) = self.bots.get(user_agent) {
+            return verdict;
+        }
+        let verdict = is_bot(user_agent);
+        if self.bots.len() >= 10_000 {
+            self.bots.clear();
+        }
+        self.bots.insert(user_agent.to_owned(), verdict);
+        verdict
     }
 
     fn make(&mut self, p: &Parsed, line: &str) -> Result<Record, String> {
@@ -395,7 +411,7 @@ async fn events(
                     rejects.write(line_no, &format!("malformed CSV: {e}"), "")?;
                 }
             }
-            if lines % 1024 == 0 {
+            if lines.is_multiple_of(1024) {
                 bar.set_position(reader.position().byte());
                 bar.set_message(rate(lines, started));
             }
@@ -422,7 +438,7 @@ async fn events(
                 _ => logs::combined(&raw),
             };
             handle(job, &mut maker, &mut lane, rejects, lines, &raw, parsed).await?;
-            if lines % 1024 == 0 {
+            if lines.is_multiple_of(1024) {
                 bar.set_position(read);
                 bar.set_message(rate(lines, started));
             }
@@ -458,7 +474,7 @@ async fn handle(
     if !p.event && is_asset(&p.path) {
         return rejects.write(line_no, "not a page: static asset", raw);
     }
-    if is_bot(&p.user_agent) {
+    if maker.is_bot(&p.user_agent) {
         return rejects.write(line_no, "bot", raw);
     }
     match maker.make(&p, raw) {

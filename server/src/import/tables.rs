@@ -259,6 +259,9 @@ pub(super) async fn tally_csv(
     Ok(report)
 }
 
+/// A day of a page (`None` = the whole site).
+type DayPage = (Date, Option<PagePath>);
+
 /// Plausible's export zip: `imported_pages*.csv` (date, hostname, page, visitors, pageviews)
 /// as per-page days, `imported_visitors*.csv` (date, visitors, pageviews) as whole-site days.
 /// Rows of one (day, page) from several hostnames are summed.
@@ -271,7 +274,7 @@ pub(super) async fn plausible(
         .with_context(|| format!("cannot open {}", job.input.display()))?;
     let mut zip = zip::ZipArchive::new(file).context("not a zip file")?;
     let mut report = ImportReport::default();
-    let mut days: BTreeMap<(Date, Option<PagePath>), (u64, u64)> = BTreeMap::new();
+    let mut days: BTreeMap<DayPage, (u64, u64)> = BTreeMap::new();
     let names: Vec<String> = zip
         .file_names()
         .map(|n| n.map(std::borrow::Cow::into_owned))
@@ -316,7 +319,7 @@ pub(super) async fn plausible(
                 rejects.write(line_no, &format!("other host: {h}"), &raw())?;
                 continue;
             }
-            let row = (|| -> Result<((Date, Option<PagePath>), (u64, u64)), String> {
+            let row = (|| -> Result<(DayPage, (u64, u64)), String> {
                 let d = record.get(date).unwrap_or("").trim();
                 let day = d.parse::<Date>().map_err(|e| format!("date {d:?}: {e}"))?;
                 let page = match page.filter(|_| pages) {
