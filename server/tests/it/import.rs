@@ -398,3 +398,17 @@ async fn backup_while_serving_holds_every_acknowledged_hit() {
         "the acknowledged hit is in the copy"
     );
 }
+
+#[tokio::test]
+async fn version_prints_the_crate_version() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .arg("--version")
+        .output()
+        .await
+        .expect("run");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("tally {}", env!("CARGO_PKG_VERSION"))
+    );
+}
