@@ -8,7 +8,9 @@
 pub mod bots;
 pub mod config;
 pub mod core;
+pub mod export;
 pub mod http;
+pub mod import;
 pub mod ingest;
 pub mod limits;
 pub mod metrics;
@@ -34,14 +36,18 @@ use crate::store::{Retention, Store};
 
 /// Open the configured SQLite store.
 pub fn open_store(config: &ServeConfig) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(Arc::new(open_sqlite(config)?))
+}
+
+/// Open the configured SQLite store as itself (import, export and backup use its own API).
+pub fn open_sqlite(config: &ServeConfig) -> anyhow::Result<SqliteStore> {
     let options = StoreOptions {
         sync: config.sync,
         min_free_bytes: config.min_free_bytes,
         max_new_pages_per_day: config.max_new_pages_per_day,
     };
-    let store = SqliteStore::open(&config.db, options)
-        .map_err(|e| anyhow::anyhow!("cannot open database {}: {e}", config.db.display()))?;
-    Ok(Arc::new(store))
+    SqliteStore::open(&config.db, options)
+        .map_err(|e| anyhow::anyhow!("cannot open database {}: {e}", config.db.display()))
 }
 
 /// Serve the collector on `listener` until `shutdown` resolves, then stop taking requests,

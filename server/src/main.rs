@@ -41,6 +41,51 @@ enum Command {
         #[arg(long)]
         repair: bool,
     },
+    /// Import history (server logs, GoatCounter, Plausible, a dead counter's numbers, a Tally
+    /// daily export). Safe to run twice and while `tally serve` runs on the same database.
+    Import {
+        /// Input format.
+        #[arg(long, value_enum)]
+        format: tally::import::Format,
+        /// The site to count into (must exist: `tally site add`).
+        #[arg(long)]
+        site: String,
+        /// Only lines for this host (Caddy request host, vhost of a combined line, Plausible
+        /// hostname).
+        #[arg(long)]
+        host: Option<String>,
+        /// Where lines that were not imported go, with the reason [default: INPUT.rejects].
+        #[arg(long)]
+        reject: Option<PathBuf>,
+        /// Records per commit (small batches keep live traffic fast).
+        #[arg(long, default_value_t = 50)]
+        batch: usize,
+        /// Pause after each batch, as a multiple of the time it held the database writer.
+        #[arg(long, default_value_t = 2.0)]
+        pause: f64,
+        /// The file to import.
+        input: PathBuf,
+    },
+    /// Export a site's data to stdout, streamed.
+    Export {
+        #[arg(long)]
+        site: String,
+        /// First day (YYYY-MM-DD) [default: the first].
+        #[arg(long)]
+        from: Option<jiff::civil::Date>,
+        /// Last day (YYYY-MM-DD) [default: the last].
+        #[arg(long)]
+        to: Option<jiff::civil::Date>,
+        #[arg(long, value_enum, default_value = "csv")]
+        format: tally::export::ExportFormat,
+        #[arg(long, value_enum, default_value = "daily")]
+        what: tally::export::ExportWhat,
+    },
+    /// Write a consistent copy of the database to FILE (safe while `tally serve` runs).
+    Backup {
+        /// The new file (never overwritten).
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -111,11 +156,84 @@ fn main() -> anyhow::Result<()> {
     let config = ServeConfig::resolve(args, cli.db.clone(), file)?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
-        let store = tally::open_store(&config)?;
+        let sqlite = tally::open_sqlite(&config)?;
         match cli.command {
-            Command::Serve(_) => serve(config, store).await,
-            Command::Site(cmd) => site(cmd, store.as_ref()).await,
-            Command::Verify { repair } => verify(store.as_ref(), repair).await,
+            Command::Serve(_) => serve(config, Arc::new(sqlite)).await,
+            Command::Site(cmd) => site(cmd, &sqlite).await,
+            Command::Verify { repair } => verify(&sqlite, repair).await,
+            Command::Import {
+                format,
+                site,
+                host,
+                reject,
+                batch,
+                pause,
+                input,
+            } => {
+                let id = SiteId::parse(&site).map_err(|e| anyhow::anyhow!("{site:?}: {e}"))?;
+                let site = tally::store::Store::get_site(&sqlite, &id)
+                    .await?
+                    .ok_or_else(|| anyhow::anyhow!("no site {id} (add it with `tally site add`)"))?;
+                let reject = reject.unwrap_or_else(|| {
+                    let mut name = input.as_os_str().to_owned();
+                    name.push(".rejects");
+                    PathBuf::from(name)
+                });
+                let raw_before_ms = (config.retention_days > 0).then(|| {
+                    jiff::Timestamp::now()
+                        .as_millisecond()
+                        .saturating_sub(i64::from(config.retention_days) * 86_400_000)
+                });
+                let job = tally::import::ImportJob {
+                    format,
+                    site,
+                    input,
+                    host,
+                    reject: reject.clone(),
+                    batch,
+                    pause,
+                    raw_before_ms,
+                };
+                let started = std::time::Instant::now();
+                let r = tally::import::run(&sqlite, &job).await?;
+                let secs = started.elapsed().as_secs_f64();
+                println!(
+                    "read {} lines in {secs:.2} s ({:.0} lines/s): imported {}, duplicates {}, rejected {}{}",
+                    r.lines,
+                    r.lines as f64 / secs.max(1e-6),
+                    r.imported,
+                    r.duplicates,
+                    r.rejected,
+                    if r.rejected > 0 {
+                        format!(" (reasons in {})", reject.display())
+                    } else {
+                        String::new()
+                    }
+                );
+                Ok(())
+            }
+            Command::Export {
+                site,
+                from,
+                to,
+                format,
+                what,
+            } => {
+                let id = SiteId::parse(&site).map_err(|e| anyhow::anyhow!("{site:?}: {e}"))?;
+                let range = (
+                    from.unwrap_or(jiff::civil::date(1970, 1, 1)),
+                    to.unwrap_or(jiff::civil::date(9999, 12, 31)),
+                );
+                let stdout = std::io::stdout();
+                let mut out = std::io::BufWriter::new(stdout.lock());
+                tally::export::export(&sqlite, &id, range, format, what, &mut out)?;
+                Ok(())
+            }
+            Command::Backup { file } => {
+                sqlite.backup_to(&file).await?;
+                println!("backup written to {}", file.display());
+                Ok(())
+            }
         }
     })
 }

@@ -313,12 +313,16 @@ async fn a_v1_database_migrates_with_every_number_kept() {
         answers(reference.as_ref()).await
     );
     drop(migrated);
+    assert!(
+        tally::store::sqlite::migration_backup_path(&old, 1).exists(),
+        "the v1 file is copied beside itself before the migration"
+    );
 
     let conn = rusqlite::Connection::open(&old).expect("open");
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("version");
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
     let leftovers: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM sqlite_schema WHERE name LIKE 'v1_%' OR name = 'visitors'",
@@ -343,14 +347,14 @@ async fn a_v1_database_migrates_with_every_number_kept() {
 #[tokio::test]
 async fn a_newer_schema_is_refused() {
     let dir = tempfile::tempdir().expect("dir");
-    let path = dir.path().join("v3.sqlite");
+    let path = dir.path().join("v4.sqlite");
     drop(SqliteStore::open(&path, options()).expect("open"));
     rusqlite::Connection::open(&path)
         .expect("open")
-        .pragma_update(None, "user_version", 3)
+        .pragma_update(None, "user_version", 4)
         .expect("version");
     match SqliteStore::open(&path, options()) {
-        Err(StoreError::Invalid(why)) => assert!(why.contains("version 3"), "{why}"),
+        Err(StoreError::Invalid(why)) => assert!(why.contains("version 4"), "{why}"),
         Err(e) => panic!("expected Invalid, got {e}"),
         Ok(_) => panic!("a newer schema must be refused"),
     }

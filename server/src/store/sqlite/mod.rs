@@ -27,7 +27,10 @@
 //! the tables, `intern` maps names to ids, `guard` checks disk and file, `write` commits
 //! batches, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
 
+mod backup;
+mod export;
 mod guard;
+mod import;
 mod intern;
 mod prune;
 mod read;
@@ -35,7 +38,10 @@ mod schema;
 mod verify;
 mod write;
 
+pub use backup::migration_backup_path;
+pub use export::{DailyExportRow, EventExportRow};
 use guard::FileGuard;
+pub use import::{DailyImport, ImportOptions};
 use intern::{Interned, Resolver};
 use read::{
     id_bound, insert_site, query_sites, read_counts, read_range_totals, read_series,
@@ -66,6 +72,10 @@ use crate::core::record::{Outcome, Record, Source};
 /// `kind` codes in `events`.
 const KIND_PAGEVIEW: i64 = 0;
 const KIND_EVENT: i64 = 1;
+
+/// `source` of imported daily aggregates in `counters` (Plausible, `tally-csv`): added to the
+/// web numbers when read, never recounted (they have no raw events), like bases.
+pub(super) const IMPORTED_SOURCE: i64 = 2;
 
 /// The first day of day numbers.
 const EPOCH: Date = jiff::civil::date(1970, 1, 1);
@@ -232,7 +242,7 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", sync)?;
         conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
         conn.pragma_update(None, "temp_store", "FILE")?;
-        schema::prepare(&mut conn)?;
+        schema::prepare(&mut conn, path)?;
         conn.set_prepared_statement_cache_capacity(64);
         let guard = FileGuard::new(path, options.min_free_bytes)?;
         let readers = (0..READERS)
@@ -305,7 +315,7 @@ impl Store for SqliteStore {
         let cap = self.max_new_pages_per_day;
         self.write(move |writer| {
             guard.check_disk()?;
-            commit_batch(writer, &guard, cap, &records)
+            commit_batch(writer, &guard, cap, &records, None)
         })
         .await
     }

@@ -28,7 +28,7 @@ pub(super) fn read_counts(
     let mut stmt = conn.prepare_cached(
         "SELECT p.path, c.source, c.day, c.views, c.visitors \
          FROM site_keys k JOIN pages p ON p.site = k.id AND p.path IN ('', ?2) \
-         JOIN counters c ON c.scope = p.id AND c.source IN (0, 1) AND c.day IN (-1, ?3) \
+         JOIN counters c ON c.scope = p.id AND c.source IN (0, 1, 2) AND c.day IN (-1, ?3) \
          WHERE k.name = ?1",
     )?;
     let mut rows = stmt.query(params![site, page, today])?;
@@ -118,12 +118,16 @@ pub(super) fn numbers(views: i64, visitors: i64) -> Numbers {
     }
 }
 
+/// Add a counter row's numbers to its source; imported daily aggregates
+/// ([`IMPORTED_SOURCE`]) add to the web numbers, as bases add to the totals.
 pub(super) fn set_source(target: &mut BySource, source: i64, n: Numbers) {
-    if source == Source::Badge.code() {
-        target.badge = n;
+    let target = if source == Source::Badge.code() {
+        &mut target.badge
     } else {
-        target.web = n;
-    }
+        &mut target.web
+    };
+    target.views += n.views;
+    target.visitors += n.visitors;
 }
 
 /// Day numbers of a query range, never reaching the all-time rows.
@@ -143,7 +147,7 @@ pub(super) fn read_series(
     let (from, to) = clamp(from, to);
     let mut stmt = conn.prepare_cached(
         "SELECT day, source, views, visitors FROM counters \
-         WHERE scope = ?1 AND source IN (0, 1) AND day BETWEEN ?2 AND ?3 ORDER BY day, source",
+         WHERE scope = ?1 AND source IN (0, 1, 2) AND day BETWEEN ?2 AND ?3 ORDER BY day, source",
     )?;
     let mut rows = stmt.query(params![scope, from, to])?;
     let mut out: Vec<DayRow> = Vec::new();
@@ -193,14 +197,21 @@ pub(super) fn read_range_totals(
     };
     let (from, to) = clamp(from, to);
     let mut stmt = conn.prepare_cached(
-        "SELECT source, SUM(views) FROM counters \
-         WHERE scope = ?1 AND source IN (0, 1) AND day BETWEEN ?2 AND ?3 GROUP BY source",
+        "SELECT source, SUM(views), SUM(visitors) FROM counters \
+         WHERE scope = ?1 AND source IN (0, 1, 2) AND day BETWEEN ?2 AND ?3 GROUP BY source",
     )?;
-    let views: Vec<(i64, i64)> = stmt
-        .query_map(params![scope, from, to], |r| Ok((r.get(0)?, r.get(1)?)))?
+    let views: Vec<(i64, i64, i64)> = stmt
+        .query_map(params![scope, from, to], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
         .collect::<Result<_, _>>()?;
-    for (source, views) in views {
-        let visitors = distinct_visitors(conn, scope, source, from, to)?;
+    for (source, views, summed) in views {
+        // Imported aggregates have no visitor sets: their daily visitors are summed.
+        let visitors = if source == IMPORTED_SOURCE {
+            summed.max(0) as u64
+        } else {
+            distinct_visitors(conn, scope, source, from, to)?
+        };
         set_source(
             &mut out,
             source,
@@ -228,10 +239,10 @@ pub(super) fn read_top_pages(
     // sorter keeps only the `limit` best rows.
     let mut stmt = conn.prepare_cached(
         "SELECT p.id, p.path, \
-                SUM(CASE WHEN c.source = 0 THEN c.views ELSE 0 END) AS web, \
+                SUM(CASE WHEN c.source IN (0, 2) THEN c.views ELSE 0 END) AS web, \
                 SUM(CASE WHEN c.source = 1 THEN c.views ELSE 0 END) AS badge \
          FROM pages p CROSS JOIN counters c \
-              ON c.scope = p.id AND c.source IN (0, 1) AND c.day BETWEEN ?2 AND ?3 \
+              ON c.scope = p.id AND c.source IN (0, 1, 2) AND c.day BETWEEN ?2 AND ?3 \
          WHERE p.site = ?1 AND p.path != '' \
          GROUP BY p.path ORDER BY max(web, badge) DESC, p.path LIMIT ?4",
     )?;

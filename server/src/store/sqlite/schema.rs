@@ -1,7 +1,10 @@
-//! The schema (version 2, in `PRAGMA user_version`) and the migration from version 1.
+//! The schema (version 3, in `PRAGMA user_version`) and the migrations from versions 1 and 2.
 //!
-//! Contract: [`prepare`] leaves the file at version 2 or fails having changed nothing. A fresh
-//! file gets the v2 tables; a v1 file (the text-keyed schema of the first release, which never
+//! Contract: [`prepare`] leaves the file at version 3 or fails having changed nothing. Before
+//! it migrates an existing file it copies it beside itself (`<file>.v<N>.bak`, see `backup`).
+//! A fresh file gets the v3 tables; a v2 file gets the import ledger (v3 = v2 + `import_ledger`,
+//! the ids of imported lines, so a re-run counts nothing twice even after their raw events
+//! were pruned or never kept); a v1 file (the text-keyed schema of the first release, which never
 //! set `user_version`) is rewritten in ONE transaction with every site, salt, base, counter,
 //! visitor set, custom-event counter, raw event and prune marker preserved, checked by row
 //! counts before the old tables are dropped. A newer version is refused.
@@ -15,7 +18,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use super::StoreError;
 
 /// The schema version this code reads and writes.
-pub(super) const VERSION: i64 = 2;
+pub(super) const VERSION: i64 = 3;
 
 /// `day` of all-time rows (real days are days since 1970-01-01, never negative).
 pub(super) const ALL_TIME: i64 = -1;
@@ -84,6 +87,12 @@ CREATE TABLE IF NOT EXISTS salts (day INTEGER PRIMARY KEY, salt BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 ";
 
+/// Added by v3: the event id of every line or row `tally import` counted (raw event kept or
+/// not), the dedupe of imports.
+pub(super) const SCHEMA_V3: &str = r"
+CREATE TABLE IF NOT EXISTS import_ledger (event_id BLOB PRIMARY KEY) WITHOUT ROWID;
+";
+
 /// A v1 day text (`2026-04-01`, or `*` for all time) as a v2 day number.
 const DAY: &str = "CASE WHEN {d} = '*' THEN -1 ELSE unixepoch({d}) / 86400 END";
 
@@ -91,13 +100,24 @@ fn day(column: &str) -> String {
     DAY.replace("{d}", column)
 }
 
-/// Bring the file at `conn` to [`VERSION`].
-pub(super) fn prepare(conn: &mut Connection) -> Result<(), StoreError> {
+/// Bring the file at `conn` (opened from `path`) to [`VERSION`].
+pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(), StoreError> {
+    // The copy is made outside the transaction (VACUUM cannot run inside one), before it.
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let has_tables: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table')",
+        [],
+        |r| r.get(0),
+    )?;
+    if version < VERSION && has_tables {
+        super::backup::backup_before_migration(conn, path, version.max(1))?;
+    }
     // Decided inside the write transaction, so two stores opening one file at once agree.
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     match version {
         VERSION => return Ok(()),
+        2 => tx.execute_batch(SCHEMA_V3)?,
         0 => {
             let v1: Option<String> = tx
                 .query_row(
@@ -111,6 +131,7 @@ pub(super) fn prepare(conn: &mut Connection) -> Result<(), StoreError> {
             } else {
                 tx.execute_batch(SCHEMA_V2)?;
             }
+            tx.execute_batch(SCHEMA_V3)?;
         }
         newer => {
             return Err(StoreError::Invalid(format!(

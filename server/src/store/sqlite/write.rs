@@ -17,6 +17,7 @@ pub(super) fn commit_batch(
     guard: &FileGuard,
     cap: u32,
     records: &[Record],
+    import: Option<ImportOptions>,
 ) -> Result<Vec<Outcome>, StoreError> {
     let Writer { conn, seen, ids } = writer;
     // Visitor rows this batch writes; remembered in `seen` only once the batch has committed.
@@ -43,6 +44,10 @@ pub(super) fn commit_batch(
             "INSERT INTO event_counters (site, name, day, count) VALUES (?1, ?2, ?3, 1) \
              ON CONFLICT (site, name, day) DO UPDATE SET count = count + 1",
         )?;
+        let mut insert_ledger =
+            tx.prepare_cached("INSERT OR IGNORE INTO import_ledger (event_id) VALUES (?1)")?;
+        // The latest event counted without being kept raw (imports of old events).
+        let mut not_kept_until: Option<i64> = None;
         // Counters are summed in memory and written once per key at the end of the batch: a
         // batch of hits on few pages touches few counter rows.
         let mut deltas: Deltas = HashMap::new();
@@ -66,19 +71,33 @@ pub(super) fn commit_batch(
             let page = resolver.page(site, r.page.as_str(), day)?;
             let source = r.source.code();
             let visitor = &r.visitor.0[..];
-            let inserted = insert_event.execute(params![
-                &r.event_id.as_bytes()[..],
-                site,
-                source,
-                kind,
-                page,
-                name,
-                dedupe,
-                visitor,
-                r.at_ms,
-                day,
-                r.referrer,
-            ])?;
+            let keep_raw = import
+                .and_then(|o| o.raw_before_ms)
+                .is_none_or(|cut| r.at_ms >= cut);
+            if import.is_some() && insert_ledger.execute([&r.event_id.as_bytes()[..]])? == 0 {
+                outcomes.push(Outcome::Duplicate);
+                continue;
+            }
+            if !keep_raw {
+                not_kept_until = not_kept_until.max(Some(r.at_ms));
+            }
+            let inserted = if !keep_raw {
+                1
+            } else {
+                insert_event.execute(params![
+                    &r.event_id.as_bytes()[..],
+                    site,
+                    source,
+                    kind,
+                    page,
+                    name,
+                    dedupe,
+                    visitor,
+                    r.at_ms,
+                    day,
+                    r.referrer,
+                ])?
+            };
             if inserted == 0 {
                 outcomes.push(Outcome::Duplicate);
                 continue;
@@ -126,6 +145,14 @@ pub(super) fn commit_batch(
         )?;
         for ((scope, source, day), (views, visitors)) in deltas {
             bump_counter.execute(params![scope, source, day, views, visitors])?;
+        }
+        if let Some(ms) = not_kept_until {
+            // Counted without raw events: for `verify`, exactly like raw events pruned.
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES ('pruned_before_ms', ?1) \
+                 ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+                [ms.saturating_add(1)],
+            )?;
         }
     }
     let pending = resolver.into_pending();

@@ -1,0 +1,414 @@
+//! `tally import`, `tally export` and `tally backup`, run as a user would, on the committed
+//! sample files of each format (`tests/fixtures/import/`).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use jiff::civil::date;
+use tally::core::ids::{PagePath, SiteId};
+use tally::store::Store;
+use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
+use tally_wire::Numbers;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+use crate::support::{client, event_id_at, pageview};
+
+fn sample(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/import")
+        .join(name)
+}
+
+struct Db {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+impl Db {
+    /// A fresh database with site `blog` (UTC).
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = Self {
+            path: dir.path().join("tally.sqlite"),
+            dir: dir.path().to_owned(),
+            _dir: dir,
+        };
+        let (ok, text) = db
+            .run(&["site", "add", "blog", "--origin", "https://blog.example"])
+            .await;
+        assert!(ok, "{text}");
+        db
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tally"));
+        cmd.env_remove("TALLY_DB")
+            .env_remove("TALLY_CONFIG")
+            .env("TALLY_LOG", "warn")
+            .kill_on_drop(true)
+            .arg("--db")
+            .arg(&self.path)
+            .args(args);
+        cmd
+    }
+
+    async fn run(&self, args: &[&str]) -> (bool, String) {
+        let out = self.cmd(args).output().await.expect("run tally");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    }
+
+    /// `tally import --format F --site blog FILE [extra]`, asserting success.
+    async fn import(&self, format: &str, file: &Path, extra: &[&str]) -> String {
+        let reject = self.dir.join(format!("{format}.rejects"));
+        let mut args = vec![
+            "import",
+            "--format",
+            format,
+            "--site",
+            "blog",
+            "--reject",
+            reject.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(extra);
+        args.push(file.to_str().expect("utf-8"));
+        let (ok, text) = self.run(&args).await;
+        assert!(ok, "{text}");
+        text
+    }
+
+    fn rejects(&self, format: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{format}.rejects"))).unwrap_or_default()
+    }
+
+    async fn export(&self, args: &[&str]) -> String {
+        let mut all = vec!["export", "--site", "blog"];
+        all.extend_from_slice(args);
+        let (ok, text) = self.run(&all).await;
+        assert!(ok, "{text}");
+        text
+    }
+
+    fn store(&self) -> SqliteStore {
+        SqliteStore::open(
+            &self.path,
+            StoreOptions {
+                sync: SyncMode::Normal,
+                min_free_bytes: 0,
+                max_new_pages_per_day: 1000,
+            },
+        )
+        .expect("open")
+    }
+
+    async fn verify_clean(&self) {
+        let (ok, text) = self.run(&["verify"]).await;
+        assert!(ok && text.contains(" 0 drifted"), "{text}");
+    }
+}
+
+fn blog() -> SiteId {
+    SiteId::parse("blog").expect("site")
+}
+
+#[tokio::test]
+async fn combined_log_counts_page_views_rejects_the_rest_and_reimports_nothing() {
+    let db = Db::new().await;
+    let first = db.import("combined", &sample("access.log"), &[]).await;
+    assert!(
+        first.contains("read 10 lines") && first.contains("imported 4, duplicates 0, rejected 6"),
+        "{first}"
+    );
+    let rejects = db.rejects("combined");
+    let reasons: Vec<&str> = rejects
+        .lines()
+        .map(|l| l.split('\t').nth(1).expect("reason"))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "not a page: static asset",
+            "not a page: static asset",
+            "bot",
+            "not a page view: method POST",
+            "not a page view: status 404",
+            "malformed: no [time]",
+        ],
+        "{rejects}"
+    );
+    assert!(rejects.starts_with("2\t"), "line numbers: {rejects}");
+    assert!(rejects.contains("Googlebot"), "the line itself is kept");
+    let second = db.import("combined", &sample("access.log"), &[]).await;
+    assert!(
+        second.contains("imported 0, duplicates 4, rejected 6"),
+        "{second}"
+    );
+    // 2025 is older than the default raw retention (400 days): counted, not kept raw.
+    let daily = db.export(&[]).await;
+    assert_eq!(
+        daily,
+        "day,page,views,visitors\n\
+         2025-03-02,*,3,2\n\
+         2025-03-02,/,1,1\n\
+         2025-03-02,/posts/hello-world/,2,2\n\
+         2025-03-03,*,1,1\n\
+         2025-03-03,/about/,1,1\n"
+    );
+    assert_eq!(
+        db.export(&["--what", "events"]).await,
+        "event_id,time,day,kind,page,name,source,referrer\n"
+    );
+    db.verify_clean().await;
+}
+
+#[tokio::test]
+async fn caddy_log_with_a_host_filter_keeps_raw_events_within_retention() {
+    let db = Db::new().await;
+    let config = db.dir.join("tally.toml");
+    std::fs::write(&config, "retention-days = 0\n").expect("config");
+    let out = db
+        .import(
+            "caddy",
+            &sample("caddy.log"),
+            &[
+                "--host",
+                "blog.example.com",
+                "--config",
+                config.to_str().expect("utf-8"),
+            ],
+        )
+        .await;
+    assert!(
+        out.contains("imported 3, duplicates 0, rejected 4"),
+        "{out}"
+    );
+    let rejects = db.rejects("caddy");
+    for reason in [
+        "\tother host: shop.example.com\t",
+        "\tbot\t",
+        "\tnot a page view: status 404\t",
+        "\tmalformed: no request object\t",
+    ] {
+        assert!(rejects.contains(reason), "{reason} in {rejects}");
+    }
+    let events = db.export(&["--what", "events", "--format", "json"]).await;
+    let events: serde_json::Value = serde_json::from_str(&events).expect("json array");
+    let events = events.as_array().expect("array");
+    assert_eq!(events.len(), 3, "raw events kept (retention 0 = forever)");
+    assert_eq!(events[0]["page"], "/");
+    assert_eq!(events[0]["referrer"], "https://www.google.com/");
+    assert_eq!(events[2]["time"], "2025-03-03T06:45:00Z");
+    db.verify_clean().await;
+}
+
+#[tokio::test]
+async fn goatcounter_export_imports_views_and_events() {
+    let db = Db::new().await;
+    let out = db
+        .import("goatcounter", &sample("goatcounter.csv"), &[])
+        .await;
+    assert!(
+        out.contains("imported 4, duplicates 0, rejected 2"),
+        "{out}"
+    );
+    let rejects = db.rejects("goatcounter");
+    assert!(
+        rejects.contains("bot (GoatCounter bot flag 4)"),
+        "{rejects}"
+    );
+    assert!(rejects.contains("malformed Date"), "{rejects}");
+    let again = db
+        .import("goatcounter", &sample("goatcounter.csv"), &[])
+        .await;
+    assert!(again.contains("imported 0, duplicates 4"), "{again}");
+    let store = db.store();
+    let page = PagePath::parse("/posts/hello-world/").expect("page");
+    let c = store
+        .counts(&blog(), &page, date(2025, 3, 2))
+        .await
+        .expect("counts");
+    assert_eq!(
+        c.page_today.web,
+        Numbers {
+            views: 2,
+            visitors: 2
+        }
+    );
+    assert_eq!(
+        c.site_today.web,
+        Numbers {
+            views: 3,
+            visitors: 2
+        }
+    );
+    assert_eq!(
+        db.export(&["--what", "custom"]).await,
+        "day,name,count\n2025-03-02,newsletter-signup,1\n"
+    );
+    db.verify_clean().await;
+}
+
+#[tokio::test]
+async fn plausible_zip_becomes_daily_numbers_and_the_daily_csv_round_trips() {
+    let db = Db::new().await;
+    let out = db.import("plausible", &sample("plausible.zip"), &[]).await;
+    assert!(
+        out.contains("read 8 lines") && out.contains("imported 6"),
+        "{out}"
+    );
+    assert!(
+        db.rejects("plausible")
+            .contains("page \"no-slash\" must start with /")
+    );
+    let daily = db.export(&[]).await;
+    assert_eq!(
+        daily,
+        "day,page,views,visitors\n\
+         2024-11-01,*,178,130\n\
+         2024-11-01,/,131,98\n\
+         2024-11-01,/posts/hello-world/,47,40\n\
+         2024-11-02,*,122,95\n\
+         2024-11-02,/,109,87\n\
+         2024-11-02,/about/,12,12\n"
+    );
+    // Imported aggregates add to the shown numbers and are never "drift".
+    let c = db
+        .store()
+        .counts(&blog(), &PagePath::root(), date(2024, 11, 2))
+        .await
+        .expect("counts");
+    assert_eq!(c.site_all.web.views, 300);
+    assert_eq!(c.page_all.web.views, 240);
+    db.verify_clean().await;
+    // Re-importing sets the same numbers.
+    db.import("plausible", &sample("plausible.zip"), &[]).await;
+    assert_eq!(db.export(&[]).await, daily);
+
+    // Round trip: mix in counted events, export, import into a new database, export again.
+    db.import("combined", &sample("access.log"), &[]).await;
+    let exported = db.export(&[]).await;
+    let file = db.dir.join("daily.csv");
+    std::fs::write(&file, &exported).expect("write");
+    let other = Db::new().await;
+    let out = other.import("tally-csv", &file, &[]).await;
+    assert!(
+        out.contains("imported 11, duplicates 0, rejected 0"),
+        "{out}"
+    );
+    assert_eq!(other.export(&[]).await, exported);
+    assert_eq!(
+        other
+            .export(&["--from", "2025-03-03", "--to", "2025-03-03"])
+            .await,
+        "day,page,views,visitors\n2025-03-03,*,1,1\n2025-03-03,/about/,1,1\n"
+    );
+}
+
+#[tokio::test]
+async fn bases_rows_set_site_and_page_bases() {
+    let db = Db::new().await;
+    let out = db.import("bases", &sample("bases.csv"), &[]).await;
+    assert!(
+        out.contains("imported 3, duplicates 0, rejected 1"),
+        "{out}"
+    );
+    assert!(
+        db.rejects("bases")
+            .contains("views \"many\" is not a number")
+    );
+    db.import("bases", &sample("bases.csv"), &[]).await;
+    let c = db
+        .store()
+        .counts(
+            &blog(),
+            &PagePath::parse("/posts/hello-world/").expect("page"),
+            date(2026, 1, 1),
+        )
+        .await
+        .expect("counts");
+    assert_eq!(
+        c.site_base,
+        Numbers {
+            views: 12345,
+            visitors: 4321
+        }
+    );
+    assert_eq!(
+        c.page_base,
+        Numbers {
+            views: 2048,
+            visitors: 900
+        }
+    );
+}
+
+#[tokio::test]
+async fn backup_while_serving_holds_every_acknowledged_hit() {
+    let db = Db::new().await;
+    let mut child = db
+        .cmd(&["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .expect("read")
+        .expect("line");
+    let base = line.strip_prefix("listening on ").expect("listening");
+    let hit = client()
+        .post(format!("{base}/api/v1/hit"))
+        .header("content-type", "text/plain")
+        .header("origin", "https://blog.example")
+        .body(pageview(&event_id_at(jiff::Timestamp::now()), None, "/a").to_string())
+        .send()
+        .await
+        .expect("hit");
+    assert_eq!(hit.status(), 200, "{:?}", hit.text().await);
+    let copy = db.dir.join("copy.sqlite");
+    let (ok, text) = db.run(&["backup", copy.to_str().expect("utf-8")]).await;
+    assert!(ok, "{text}");
+    let (ok, text) = db.run(&["backup", copy.to_str().expect("utf-8")]).await;
+    assert!(!ok && text.contains("exists"), "never overwrites: {text}");
+    child.kill().await.expect("kill");
+    let restored = SqliteStore::open(
+        &copy,
+        StoreOptions {
+            sync: SyncMode::Normal,
+            min_free_bytes: 0,
+            max_new_pages_per_day: 1000,
+        },
+    )
+    .expect("the copy opens");
+    let today = jiff::Timestamp::now()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .date();
+    let c = restored
+        .counts(&blog(), &PagePath::parse("/a").expect("page"), today)
+        .await
+        .expect("counts");
+    assert_eq!(
+        c.page_all.web.views, 1,
+        "the acknowledged hit is in the copy"
+    );
+}
+
+#[tokio::test]
+async fn version_prints_the_crate_version() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .arg("--version")
+        .output()
+        .await
+        .expect("run");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("tally {}", env!("CARGO_PKG_VERSION"))
+    );
+}
