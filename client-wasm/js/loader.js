@@ -14,6 +14,11 @@
 //   Privacy Control visitors when data-respect-dnt; otherwise imports the glue and
 //   instantiates the .wasm with streaming compilation, both fetched asynchronously, so the
 //   page's rendering and load event never wait.
+// - Exclude yourself: tally('ignore', true|false) is remembered here, in localStorage
+//   ('tally:ignore', shared by the origin's tabs and later pages), also on skipped pages and
+//   before the module is up; a URL ending in #tally-ignore / #tally-unignore sets / clears it
+//   before anything is counted (a link from the dashboard works across origins). The module
+//   hears it as Flag.Ignored at the start and as the command later.
 // - Run twice, count once: when this script runs again on the same document (pjax themes
 //   re-insert the tag after each navigation, NexT without its data-* attributes, Butterfly
 //   with them), the second run changes nothing the first one chose (site, collector,
@@ -35,8 +40,16 @@
     // The glue module, once the client has started; calls wait in `queue` until then.
     let glue;
     const tally = (window.tally = function () {
+      if (arguments[0] == 'ignore') ignore(arguments[1]);
       glue ? command(arguments) : queue.push(arguments);
     });
+    function ignore(on) {
+      try {
+        on ? localStorage.setItem('tally:ignore', 1) : localStorage.removeItem('tally:ignore');
+      } catch (e) {}
+    }
+    const link = /#tally-(un)?ignore$/.exec(location.href);
+    if (link) ignore(!link[1]);
     // tally(kind, value, {dedupe}) as Op.Command.
     function command(args) {
       const value = args[1];
@@ -58,11 +71,15 @@
 
     const src = script.src;
     const storage = options.storage;
-    const flags = (storage == 'none') * Flag.NoStorage | (storage == 'consent') * Flag.Consent |
-      ('busuanzi' in options) * Flag.Busuanzi | (options.auto == 'false') * Flag.Manual |
-      (options.spa == 'false') * Flag.NoSpa;
     import(new URL('__GLUE__', src)).then(function (module) {
       return module.default({ module_or_path: new URL('__WASM__', src) }).then(function () {
+        let ignored;
+        try {
+          ignored = localStorage.getItem('tally:ignore');
+        } catch (e) {}
+        const flags = (storage == 'none') * Flag.NoStorage | (storage == 'consent') * Flag.Consent |
+          ('busuanzi' in options) * Flag.Busuanzi | (options.auto == 'false') * Flag.Manual |
+          (options.spa == 'false') * Flag.NoSpa | !!ignored * Flag.Ignored;
         module.run(Op.Start, flags, 0, options.site || location.hostname,
           (options.api || new URL(src).origin).replace(/\/+$/, ''), '');
         glue = module;

@@ -31,13 +31,13 @@
 //!   storage off unless consent was given on an earlier page ([`CONSENT_KEY`]);
 //!   [`Command::Consent`] `true` switches to the stored visitor id and queue from then on and
 //!   remembers it, `false` deletes the stored id, queue and consent.
-//! - Ignore ([`Command::Ignore`], or a URL ending in `#tally-ignore` / `#tally-unignore`):
-//!   while [`IGNORE_KEY`] is in `localStorage` (shared by every tab) nothing is recorded or
-//!   sent, and the queue is emptied when it is set; counters are still shown (read, not
-//!   counted).
+//! - Ignore ([`Options::ignored`] at the start, [`Command::Ignore`] later; the loader keeps
+//!   the choice in `localStorage` and reads `#tally-ignore` / `#tally-unignore`): while set,
+//!   nothing is recorded or sent, and the queue is emptied when it is set; counters are still
+//!   shown (read, not counted).
 
 use crate::json;
-use crate::ops::{Call, Flag};
+use crate::ops::Flag;
 use crate::queue::{self, Head};
 use crate::{ids, retry};
 use tally_wire::{Hit, MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
@@ -50,11 +50,6 @@ pub const QUEUE_KEY: &str = "tally:q";
 const PROBE_KEY: &str = "tally:probe";
 /// Storage key of the remembered consent (`data-storage="consent"`).
 pub const CONSENT_KEY: &str = "tally:consent";
-/// `localStorage` key set while this browser is excluded from counting (`tally('ignore', true)`).
-pub const IGNORE_KEY: &str = "tally:ignore";
-/// URL endings that set and clear [`IGNORE_KEY`] (a link from the dashboard can use them).
-const IGNORE_FRAGMENT: &str = "#tally-ignore";
-const UNIGNORE_FRAGMENT: &str = "#tally-unignore";
 /// How long a sent hit is reserved while its answer is awaited.
 pub const LEASE_MS: u64 = 15_000;
 /// Longest page URL sent whole; longer ones lose their query and fragment.
@@ -134,6 +129,8 @@ pub struct Options {
     pub storage: bool,
     /// Storage waits for consent (`data-storage="consent"`): on when given on an earlier page.
     pub consent: bool,
+    /// This browser is excluded from counting (the loader read it from `localStorage`).
+    pub ignored: bool,
     /// Also fill the classic busuanzi ids (`data-busuanzi`).
     pub busuanzi: bool,
     /// Count page views automatically (off with `data-auto="false"`).
@@ -151,6 +148,7 @@ impl Options {
             api,
             storage: !Flag::NoStorage.is_in(flags) && !consent,
             consent,
+            ignored: Flag::Ignored.is_in(flags),
             busuanzi: Flag::Busuanzi.is_in(flags),
             auto: !Flag::Manual.is_in(flags),
             spa: !Flag::NoSpa.is_in(flags),
@@ -233,8 +231,6 @@ pub struct Client<H> {
     timer_at: u64,
     /// The host's last filled answer is the counts of `page` (for [`Command::Refresh`]).
     filled: bool,
-    /// Ignoring was asked for but could not be stored: ignore for this page's life.
-    ignored: bool,
 }
 
 impl<H: Host> Client<H> {
@@ -251,19 +247,12 @@ impl<H: Host> Client<H> {
             page: String::new(),
             timer_at: 0,
             filled: false,
-            ignored: false,
         };
         if client.opts.consent && client.consented() {
             client.opts.storage = true;
         }
         if client.opts.storage {
             client.use_storage();
-        }
-        let href = client.host.href();
-        if href.ends_with(IGNORE_FRAGMENT) {
-            client.ignore(true);
-        } else if href.ends_with(UNIGNORE_FRAGMENT) {
-            client.ignore(false);
         }
         let auto = client.opts.auto;
         client.host.listen(auto && client.opts.spa);
@@ -282,23 +271,6 @@ impl<H: Host> Client<H> {
     /// The host, for changing the fake world in tests.
     pub fn host_mut(&mut self) -> &mut H {
         &mut self.host
-    }
-
-    /// Handles a decoded call of `run` after the start (a second start is ignored).
-    pub fn call(&mut self, call: Call) {
-        match call {
-            Call::Start(_) => {}
-            Call::Command(command) => self.command(command),
-            Call::Answer {
-                id,
-                status,
-                retry_after_ms,
-                body,
-            } => self.answer(id, status, retry_after_ms, body),
-            Call::Tick => self.tick(),
-            Call::Hide => self.hide(),
-            Call::Navigate(how) => self.navigate(how),
-        }
     }
 
     /// Runs a `tally(...)` command.
@@ -359,25 +331,13 @@ impl<H: Host> Client<H> {
         }
     }
 
-    /// Excludes this browser from counting (remembered in `localStorage`, so every tab and
-    /// later page sees it; for this page only when storage fails), or includes it again.
-    /// Setting it empties the queue: nothing is sent while it is set.
+    /// Excludes this browser from counting, or includes it again (the loader remembers the
+    /// choice for later pages). Setting it empties the queue: nothing is sent while it is set.
     pub fn ignore(&mut self, on: bool) {
-        let stored = self
-            .host
-            .save(Area::Local, IGNORE_KEY, if on { "1" } else { "" });
-        self.ignored = on && !stored;
+        self.opts.ignored = on;
         if on {
-            self.memory.clear();
-            if let Store::Area(area) = self.store {
-                self.host.save(area, QUEUE_KEY, "");
-            }
+            self.save_queue(String::new());
         }
-    }
-
-    /// Whether this browser is excluded from counting (see [`Client::ignore`]).
-    fn ignoring(&self) -> bool {
-        self.ignored || self.host.load(Area::Local, IGNORE_KEY).is_some()
     }
 
     /// A history change: counts a page view when the URL changed as [`Navigation`] says:
@@ -494,7 +454,7 @@ impl<H: Host> Client<H> {
         // Counters now show this page: an earlier page view's answer no longer fills them.
         self.counts_for = None;
         self.filled = false;
-        if self.ignoring() {
+        if self.opts.ignored {
             self.refresh();
             return;
         }
@@ -511,7 +471,7 @@ impl<H: Host> Client<H> {
         dedupe: Option<String>,
         counts: bool,
     ) {
-        if self.ignoring() {
+        if self.opts.ignored {
             return;
         }
         let now = self.host.now_ms();

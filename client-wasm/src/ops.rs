@@ -4,17 +4,16 @@
 //! Contract:
 //! - The module exports one function, `run(op, s, w, a, b, c)` (one export keeps the glue
 //!   small): `op` is an [`Op`], `s` a small number, `w` a float, `a`, `b`, `c` strings. What
-//!   each argument means for each operation is written once, on the [`Op`] variants, and
-//!   decoded once, by [`Call::decode`], into a typed [`Call`]; an empty string is an absent
-//!   value (the one place that convention lives). Unknown codes decode to `None`.
+//!   each argument means for each operation is written once, on the [`Op`] variants;
+//!   arguments an operation does not use are `0` / `''`, and an empty string is an absent
+//!   value ([`present`]). Unknown codes are ignored ([`Op::from_code`]). (A typed enum of
+//!   decoded calls read better but cost 186 B gzip of WebAssembly.)
 //! - The host gives the module numbers through one import, `num(op, x)`: op is a [`Num`].
 //! - `scripts/assemble-snippet.mjs` reads the `#[repr(u32)]` enums of this file and replaces
 //!   every `Op.Name`, `Num.Name` and `Flag.Name` in the JS sources with its number before
 //!   minifying; a name that is not defined here stops the build. So the codes have no second
 //!   definition to drift from.
 //! - A variant is `Name = number,` on one line (the build's reader depends on that form).
-
-use crate::client::{Command, Navigation, Options};
 
 /// What a call of `run(op, s, w, a, b, c)` reports. Unused arguments are `0` / `''`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +69,9 @@ pub enum Flag {
     NoSpa = 8,
     /// `data-storage="consent"`.
     Consent = 16,
+    /// This browser is excluded from counting (`tally('ignore', true)`, remembered by the
+    /// loader in `localStorage`).
+    Ignored = 32,
 }
 
 impl Flag {
@@ -79,54 +81,28 @@ impl Flag {
     }
 }
 
-/// One decoded call of `run`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Call<'a> {
-    /// [`Op::Start`].
-    Start(Options),
-    /// [`Op::Command`].
-    Command(Command),
-    /// [`Op::Answer`].
-    Answer {
-        /// The event id the answer settles.
-        id: &'a str,
-        /// HTTP status, or 0 / 1 (see [`Op::Answer`]).
-        status: u16,
-        /// The `Retry-After` wait in ms, 0 when none.
-        retry_after_ms: u64,
-        /// The body, when not empty.
-        body: Option<&'a str>,
-    },
-    /// [`Op::Tick`].
-    Tick,
-    /// [`Op::Hide`].
-    Hide,
-    /// [`Op::Push`], [`Op::Replace`], [`Op::Pop`].
-    Navigate(Navigation),
+impl Op {
+    /// Every operation, in code order.
+    pub const ALL: [Op; 8] = [
+        Op::Start,
+        Op::Command,
+        Op::Answer,
+        Op::Tick,
+        Op::Hide,
+        Op::Push,
+        Op::Replace,
+        Op::Pop,
+    ];
+
+    /// The operation with this code.
+    pub fn from_code(code: u32) -> Option<Op> {
+        Op::ALL.get(code as usize).copied()
+    }
 }
 
-impl<'a> Call<'a> {
-    /// Decodes the arguments of `run`; `None` for an unknown operation or command.
-    pub fn decode(op: u32, s: u32, w: f64, a: &'a str, b: &'a str, c: &'a str) -> Option<Self> {
-        let present = |x: &'a str| (!x.is_empty()).then_some(x);
-        Some(match op {
-            0 => Call::Start(Options::new(a.to_owned(), b.to_owned(), s)),
-            1 => Call::Command(Command::parse(a, s != 0, present(b), present(c))?),
-            2 => Call::Answer {
-                id: b,
-                status: s.min(u16::MAX as u32) as u16,
-                // `as` saturates: NaN and negative waits become 0.
-                retry_after_ms: w as u64,
-                body: present(a),
-            },
-            3 => Call::Tick,
-            4 => Call::Hide,
-            5 => Call::Navigate(Navigation::Push),
-            6 => Call::Navigate(Navigation::Replace),
-            7 => Call::Navigate(Navigation::Pop),
-            _ => return None,
-        })
-    }
+/// An optional string argument of `run`: empty means absent.
+pub fn present(arg: &str) -> Option<&str> {
+    (!arg.is_empty()).then_some(arg)
 }
 
 #[cfg(test)]
@@ -134,84 +110,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decode_matches_the_op_codes() {
-        let d = |op: Op| Call::decode(op as u32, 0, 0.0, "", "", "");
-        assert_eq!(d(Op::Tick), Some(Call::Tick));
-        assert_eq!(d(Op::Hide), Some(Call::Hide));
-        assert_eq!(d(Op::Push), Some(Call::Navigate(Navigation::Push)));
-        assert_eq!(d(Op::Replace), Some(Call::Navigate(Navigation::Replace)));
-        assert_eq!(d(Op::Pop), Some(Call::Navigate(Navigation::Pop)));
-        assert_eq!(Call::decode(99, 0, 0.0, "", "", ""), None);
-    }
-
-    #[test]
-    fn start_reads_site_api_and_flags() {
-        let bits = Flag::Busuanzi as u32 | Flag::Consent as u32;
-        let Some(Call::Start(o)) =
-            Call::decode(Op::Start as u32, bits, 0.0, "blog", "https://c", "")
-        else {
-            panic!("a start");
-        };
-        assert_eq!((o.site.as_str(), o.api.as_str()), ("blog", "https://c"));
-        assert!(o.busuanzi && o.consent && !o.storage && o.auto && o.spa);
-    }
-
-    #[test]
-    fn answers_treat_empty_bodies_and_odd_waits_as_absent() {
-        let a =
-            |w: f64, body: &'static str| Call::decode(Op::Answer as u32, 503, w, body, "id", "");
-        let want = |ms: u64, body: Option<&'static str>| {
-            Some(Call::Answer {
-                id: "id",
-                status: 503,
-                retry_after_ms: ms,
-                body,
-            })
-        };
-        assert_eq!(a(1500.0, "{}"), want(1500, Some("{}")));
-        assert_eq!(a(f64::NAN, ""), want(0, None));
-        assert_eq!(a(-5.0, ""), want(0, None));
-    }
-
-    #[test]
-    fn commands_decode_by_kind() {
-        fn c(
-            kind: &'static str,
-            on: u32,
-            b: &'static str,
-            dedupe: &'static str,
-        ) -> Option<Call<'static>> {
-            Call::decode(Op::Command as u32, on, 0.0, kind, b, dedupe)
+    fn codes_round_trip() {
+        for (code, op) in Op::ALL.into_iter().enumerate() {
+            assert_eq!(op as usize, code);
+            assert_eq!(Op::from_code(code as u32), Some(op));
         }
-        assert_eq!(
-            c("pageview", 0, "", ""),
-            Some(Call::Command(Command::PageView))
-        );
-        assert_eq!(
-            c("event", 1, "signup", "u1"),
-            Some(Call::Command(Command::Event {
-                name: "signup".into(),
-                dedupe: Some("u1".into())
-            }))
-        );
-        assert_eq!(c("event", 0, "", ""), None, "an event needs a name");
-        assert_eq!(
-            c("consent", 1, "true", ""),
-            Some(Call::Command(Command::Consent(true)))
-        );
-        assert_eq!(
-            c("consent", 0, "false", ""),
-            Some(Call::Command(Command::Consent(false)))
-        );
-        assert_eq!(
-            c("ignore", 1, "true", ""),
-            Some(Call::Command(Command::Ignore(true)))
-        );
-        assert_eq!(
-            c("refresh", 0, "", ""),
-            Some(Call::Command(Command::Refresh))
-        );
-        assert_eq!(c("nonsense", 0, "", ""), None);
+        assert_eq!(Op::from_code(Op::ALL.len() as u32), None);
     }
 
     #[test]
@@ -222,6 +126,7 @@ mod tests {
             Flag::Manual,
             Flag::NoSpa,
             Flag::Consent,
+            Flag::Ignored,
         ];
         let mut seen = 0;
         for f in all {
@@ -229,5 +134,11 @@ mod tests {
             assert!(!f.is_in(seen));
             seen |= f as u32;
         }
+    }
+
+    #[test]
+    fn absent_is_empty() {
+        assert_eq!(present(""), None);
+        assert_eq!(present("x"), Some("x"));
     }
 }

@@ -11,8 +11,8 @@
 //! - `js/host.js` is inlined into the wasm-bindgen glue by `scripts/build-snippet.sh`, so the
 //!   page downloads one JavaScript module besides the loader.
 
-use crate::client::{Area, Client, Host};
-use crate::ops::{Call, Num};
+use crate::client::{Area, Client, Command, Host, Navigation, Options};
+use crate::ops::{Num, Op, present};
 use std::cell::RefCell;
 use wasm_bindgen::prelude::*;
 
@@ -95,22 +95,38 @@ thread_local! {
     static CLIENT: RefCell<Option<Client<Web>>> = const { RefCell::new(None) };
 }
 
-/// The one entry point (one export keeps the glue small): `op` is a [`crate::ops::Op`],
-/// whose variants say what `s`, `w`, `a`, `b` and `c` carry. Calls before the start, a
-/// second start, unknown operations and re-entrant calls are ignored.
+/// The one entry point (one export keeps the glue small): `op` is an [`Op`], whose variants
+/// say what `s`, `w`, `a`, `b` and `c` carry. Calls before the start, a second start, unknown
+/// operations and commands, and re-entrant calls are ignored.
 #[wasm_bindgen]
 pub fn run(op: u32, s: u32, w: f64, a: &str, b: &str, c: &str) {
-    let Some(call) = Call::decode(op, s, w, a, b, c) else {
+    let Some(op) = Op::from_code(op) else {
         return;
     };
     CLIENT.with(|cell| {
         let Ok(mut slot) = cell.try_borrow_mut() else {
             return;
         };
-        match (slot.as_mut(), call) {
-            (Some(client), call) => client.call(call),
-            (None, Call::Start(options)) => *slot = Some(Client::start(Web, options)),
-            (None, _) => {}
+        let Some(client) = slot.as_mut() else {
+            if op == Op::Start {
+                *slot = Some(Client::start(Web, Options::new(a.into(), b.into(), s)));
+            }
+            return;
+        };
+        match op {
+            Op::Start => {}
+            Op::Command => {
+                if let Some(command) = Command::parse(a, s != 0, present(b), present(c)) {
+                    client.command(command);
+                }
+            }
+            // `as` saturates: a NaN or negative wait becomes 0.
+            Op::Answer => client.answer(b, s as u16, w as u64, present(a)),
+            Op::Tick => client.tick(),
+            Op::Hide => client.hide(),
+            Op::Push => client.navigate(Navigation::Push),
+            Op::Replace => client.navigate(Navigation::Replace),
+            Op::Pop => client.navigate(Navigation::Pop),
         }
     });
 }

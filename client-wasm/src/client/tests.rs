@@ -756,54 +756,35 @@ fn withdrawn_consent_deletes_the_stored_id_queue_and_consent() {
 }
 
 #[test]
-fn ignore_stops_counting_in_every_tab_and_is_remembered() {
+fn ignore_empties_the_queue_and_sends_nothing_until_cleared() {
     let mut f = fake("https://blog.example/");
     f.counters = true;
     let mut w = World::start(f, 0);
     let (_, _, id) = w.sends().remove(0);
     w.command("ignore", "true", "");
-    assert_eq!(
-        w.client.host().areas[0].get(IGNORE_KEY).map(String::as_str),
-        Some("1")
-    );
     assert!(w.queue().is_empty(), "the queue is emptied");
     w.answer(&id, 0, 0, None);
     w.advance(60 * 60 * 1000);
     w.command("event", "x", "");
     w.command("pageview", "", "");
     assert!(w.sends().is_empty(), "nothing is sent while ignored");
+    assert!(w.queue().is_empty(), "nothing is queued either");
     assert_eq!(w.client.host().peeks.len(), 1, "counters are read instead");
-
-    let mut w = w.reload_with("https://blog.example/b", 0);
-    assert!(w.sends().is_empty(), "remembered on the next page");
     w.command("ignore", "false", "");
-    assert!(!w.client.host().areas[0].contains_key(IGNORE_KEY));
     w.command("pageview", "", "");
     assert_eq!(w.sends().len(), 1);
 }
 
 #[test]
-fn ignore_fragments_set_and_clear_it_before_the_page_view() {
-    let w = World::start(fake("https://blog.example/#tally-ignore"), 0);
-    assert!(
-        w.client.host().sends.is_empty(),
-        "the link's own page is not counted"
-    );
-    assert!(w.client.host().areas[0].contains_key(IGNORE_KEY));
-    let mut w = w.reload_with("https://blog.example/#tally-unignore", 0);
-    assert!(!w.client.host().areas[0].contains_key(IGNORE_KEY));
-    assert_eq!(w.sends().len(), 1);
-}
-
-#[test]
-fn ignore_without_storage_holds_for_the_page() {
+fn a_browser_ignored_at_the_start_counts_nothing_and_reads_the_counters() {
     let mut f = fake("https://blog.example/");
-    f.broken = [true, true];
-    let mut w = World::start(f, 0);
-    w.sends();
-    w.command("ignore", "true", "");
-    w.command("event", "x", "");
+    f.counters = true;
+    let mut w = World::start(f, Flag::Ignored as u32);
     assert!(w.sends().is_empty());
+    assert_eq!(w.client.host().peeks.len(), 1);
+    w.host().href = "https://blog.example/b".into();
+    w.client.navigate(Navigation::Push);
+    assert!(w.sends().is_empty(), "SPA views are not counted either");
 }
 
 #[test]
@@ -812,8 +793,17 @@ fn a_refused_page_view_leaves_refresh_to_read_the_counts() {
     f.counters = true;
     let mut w = World::start(f, 0);
     let (_, _, id) = w.sends().remove(0);
-    w.answer(&id, 403, 0, Some(r#"{"error":"origin_not_allowed","message":"."}"#));
+    w.answer(
+        &id,
+        403,
+        0,
+        Some(r#"{"error":"origin_not_allowed","message":"."}"#),
+    );
     w.command("refresh", "", "");
-    assert_eq!(w.client.host().peeks.len(), 1, "no answer is on its way any more");
+    assert_eq!(
+        w.client.host().peeks.len(),
+        1,
+        "no answer is on its way any more"
+    );
     assert!(w.client.host().fills.is_empty());
 }
