@@ -123,19 +123,11 @@ function wantsCounts(busuanzi) {
   return document.readyState == 'loading' || !!document.querySelector('[data-tally]' + (busuanzi ? ',[id^=busuanzi_]' : ''));
 }
 
-// The last answer given to fill(), for refill().
-let lastAnswer;
-
 // `answer` is a tally_wire::HitResponse; its counts fill the counters (show).
 export function fill(answer, busuanzi) {
-  lastAnswer = answer;
   try {
     show(JSON.parse(answer).counts, busuanzi);
   } catch (e) {}
-}
-
-export function refill(busuanzi) {
-  fill(lastAnswer, busuanzi);
 }
 
 // The counts of the current page, read (GET /api/v1/counts counts nothing), then shown.

@@ -25,8 +25,9 @@
 //! - In-page counters are filled from the answer to the page view's own request
 //!   (`?counts=1`), asked for only when the page has (or may still get) counter elements.
 //!   [`Command::Refresh`] (what a second run of the loader asks for) fills them again for the
-//!   current URL without counting: from the last answer when it is this page's, else by
-//!   reading `GET /api/v1/counts` ([`Host::peek`]); nothing when an answer is on its way.
+//!   current URL without counting: nothing while the answer of a page view with counts is on
+//!   its way (it fills them when it comes), else by reading `GET /api/v1/counts`
+//!   ([`Host::peek`]; the views it shows are committed, so the current one is included).
 //! - Consent ([`Options::consent`], `data-storage="consent"`): the client starts as with
 //!   storage off unless consent was given on an earlier page ([`CONSENT_KEY`]);
 //!   [`Command::Consent`] `true` switches to the stored visitor id and queue from then on and
@@ -105,10 +106,8 @@ pub trait Host {
     /// Fills the in-page counters from the body of a 2xx answer to `?counts=1` (a
     /// `tally_wire::HitResponse`): `[data-tally=site.views|site.visitors|page.views|
     /// page.visitors|live]` and, if `busuanzi`, the `busuanzi_value_*` ids. Bodies without
-    /// counts are ignored. The host keeps the last answer for [`Host::refill`].
+    /// counts are ignored.
     fn fill(&mut self, answer: &str, busuanzi: bool);
-    /// Fills the in-page counters again from the last answer given to [`Host::fill`].
-    fn refill(&mut self, busuanzi: bool);
     /// Reads `GET {api}/api/v1/counts?site=&page=<the current path>` (counting nothing) and
     /// fills the in-page counters from it, as [`Host::fill`] does.
     fn peek(&mut self, api: &str, site: &str, busuanzi: bool);
@@ -229,8 +228,6 @@ pub struct Client<H> {
     page: String,
     /// When the earliest pending [`Host::schedule`] fires (0: none pending).
     timer_at: u64,
-    /// The host's last filled answer is the counts of `page` (for [`Command::Refresh`]).
-    filled: bool,
 }
 
 impl<H: Host> Client<H> {
@@ -246,7 +243,6 @@ impl<H: Host> Client<H> {
             counts_for: None,
             page: String::new(),
             timer_at: 0,
-            filled: false,
         };
         if client.opts.consent && client.consented() {
             client.opts.storage = true;
@@ -288,16 +284,11 @@ impl<H: Host> Client<H> {
     }
 
     /// Fills the in-page counters again for the current URL, counting nothing: nothing to do
-    /// while the answer of a page view with counts is awaited (it fills them when it comes);
-    /// from the last answer when it is the current page's; else read from the collector.
+    /// while the answer of a page view with counts is awaited (it fills them when it comes),
+    /// else the counts are read from the collector.
     pub fn refresh(&mut self) {
         let busuanzi = self.opts.busuanzi;
-        if self.counts_for.is_some() || !self.host.wants_counts(busuanzi) {
-            return;
-        }
-        if self.filled && self.host.same_page(&self.page, false) {
-            self.host.refill(busuanzi);
-        } else {
+        if self.counts_for.is_none() && self.host.wants_counts(busuanzi) {
             self.host.peek(&self.opts.api, &self.opts.site, busuanzi);
         }
     }
@@ -369,7 +360,6 @@ impl<H: Host> Client<H> {
                 && let Some(body) = body
             {
                 self.host.fill(body, self.opts.busuanzi);
-                self.filled = true;
             }
         }
     }
@@ -453,7 +443,6 @@ impl<H: Host> Client<H> {
         self.page = url.clone();
         // Counters now show this page: an earlier page view's answer no longer fills them.
         self.counts_for = None;
-        self.filled = false;
         if self.opts.ignored {
             self.refresh();
             return;

@@ -33,7 +33,6 @@ extern "C" {
     fn page(referrer: bool) -> String;
     fn same(url: &str, path_only: bool) -> bool;
     fn fill(answer: &str, busuanzi: bool);
-    fn refill(busuanzi: bool);
     fn peek(api: &str, site: &str, busuanzi: bool);
 }
 
@@ -79,9 +78,6 @@ impl Host for Web {
     }
     fn fill(&mut self, answer: &str, busuanzi: bool) {
         fill(answer, busuanzi)
-    }
-    fn refill(&mut self, busuanzi: bool) {
-        refill(busuanzi)
     }
     fn peek(&mut self, api: &str, site: &str, busuanzi: bool) {
         peek(api, site, busuanzi)
