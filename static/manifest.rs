@@ -9,18 +9,18 @@ pub const LOADER_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), 
 /// The loader, served at `/tally.js`, brotli-compressed.
 pub const LOADER_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally.js.br"));
 /// File name of the wasm-bindgen glue (content-hashed: immutable).
-pub const GLUE_NAME: &str = "tally-96c5feecb210.js";
+pub const GLUE_NAME: &str = "tally-81333bb82619.js";
 /// The glue (an ES module with the host functions inlined).
-pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-96c5feecb210.js"));
+pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-81333bb82619.js"));
 /// The glue (an ES module with the host functions inlined), gzip-compressed.
-pub const GLUE_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-96c5feecb210.js.gz"));
+pub const GLUE_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-81333bb82619.js.gz"));
 /// The glue (an ES module with the host functions inlined), brotli-compressed.
-pub const GLUE_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-96c5feecb210.js.br"));
+pub const GLUE_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-81333bb82619.js.br"));
 /// File name of the WebAssembly module (content-hashed: immutable).
-pub const WASM_NAME: &str = "tally-0a8d8d37b468.wasm";
+pub const WASM_NAME: &str = "tally-66597044eeeb.wasm";
 /// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-0a8d8d37b468.wasm"));
+pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-66597044eeeb.wasm"));
 /// The WebAssembly module, gzip-compressed.
-pub const WASM_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-0a8d8d37b468.wasm.gz"));
+pub const WASM_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-66597044eeeb.wasm.gz"));
 /// The WebAssembly module, brotli-compressed.
-pub const WASM_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-0a8d8d37b468.wasm.br"));
+pub const WASM_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-66597044eeeb.wasm.br"));
