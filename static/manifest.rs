@@ -17,10 +17,10 @@ pub const GLUE_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/
 /// The glue (an ES module with the host functions inlined), brotli-compressed.
 pub const GLUE_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-81333bb82619.js.br"));
 /// File name of the WebAssembly module (content-hashed: immutable).
-pub const WASM_NAME: &str = "tally-66597044eeeb.wasm";
+pub const WASM_NAME: &str = "tally-0ee29431fee0.wasm";
 /// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-66597044eeeb.wasm"));
+pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-0ee29431fee0.wasm"));
 /// The WebAssembly module, gzip-compressed.
-pub const WASM_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-66597044eeeb.wasm.gz"));
+pub const WASM_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-0ee29431fee0.wasm.gz"));
 /// The WebAssembly module, brotli-compressed.
-pub const WASM_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-66597044eeeb.wasm.br"));
+pub const WASM_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-0ee29431fee0.wasm.br"));

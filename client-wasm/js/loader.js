@@ -15,7 +15,7 @@
 //   instantiates the .wasm with streaming compilation, both fetched asynchronously, so the
 //   page's rendering and load event never wait.
 // - Exclude yourself: tally('ignore', true|false) is remembered here, in localStorage
-//   ('tally:ignore', shared by the origin's tabs and later pages), also on skipped pages and
+//   ('tally:ignore', read by every later page load of the origin), also on skipped pages and
 //   before the module is up; a URL ending in #tally-ignore / #tally-unignore sets / clears it
 //   before anything is counted (a link from the dashboard works across origins). The module
 //   hears it as Flag.Ignored at the start and as the command later.

@@ -250,6 +250,10 @@ impl<H: Host> Client<H> {
         if client.opts.storage {
             client.use_storage();
         }
+        if client.opts.ignored {
+            // What earlier pages left queued is not sent either.
+            client.ignore(true);
+        }
         let auto = client.opts.auto;
         client.host.listen(auto && client.opts.spa);
         if auto {
