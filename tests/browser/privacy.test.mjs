@@ -48,7 +48,12 @@ test('data-storage="consent": counted without storage until tally("consent", tru
   await waitFor(() => log.hits.length === 2, { what: 'the event in the log' });
   const vid = bodies(log)[1].visitor_id;
   assert.match(vid, /^[0-9a-f-]{36}$/, 'the event carries a visitor id');
-  assert.deepEqual((await storageKeys(page)).sort(), ['tally:consent', 'tally:vid']);
+  // The event's queue entry leaves once its answer is in; then the id and consent remain.
+  await waitFor(async (seen) => {
+    const keys = (await storageKeys(page)).sort();
+    seen(keys);
+    return keys.join() === 'tally:consent,tally:vid';
+  }, { what: 'the stored id and consent, nothing queued' });
   assert.equal(await page.evaluate(() => localStorage.getItem('tally:vid')), vid);
 
   // Remembered: the next page load uses the stored id from the start.
