@@ -48,6 +48,10 @@
         on ? localStorage.setItem('tally:ignore', 1) : localStorage.removeItem('tally:ignore');
       } catch (e) {}
     }
+    // Calls queued by a stub before this script ran are remembered too.
+    queue.forEach(function (args) {
+      if (args[0] == 'ignore') ignore(args[1]);
+    });
     const link = /#tally-(un)?ignore$/.exec(location.href);
     if (link) ignore(!link[1]);
     // tally(kind, value, {dedupe}) as Op.Command.

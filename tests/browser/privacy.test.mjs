@@ -135,5 +135,15 @@ test('#tally-ignore / #tally-unignore in any URL set and clear it (the dashboard
   await counterShows(page, 2);
   assert.equal(await page.evaluate(() => localStorage.getItem('tally:ignore')), null);
   assert.equal((await counts(tally.url, 'fragment', '/fragment/a')).site.views, 2);
+
+  // tally('ignore', true) queued through the stub before the snippet ran: remembered, and the
+  // page's own view is not counted.
+  const stub = "<script>window.tally=function(){(tally.q=tally.q||[]).push(arguments)};tally('ignore',true)</script>";
+  site.pages['/fragment/stub'] = pageHtml({ src: `${tally.url}/tally.js`, attrs: { site: 'fragment' }, head: stub, body: COUNTER });
+  const sent = log.hits.length;
+  await page.goto(`${site.origin}/fragment/stub`);
+  await counterShows(page, 2);
+  assert.equal(await page.evaluate(() => localStorage.getItem('tally:ignore')), '1');
+  assert.equal(log.hits.length, sent, 'nothing sent');
   await context.close();
 });
