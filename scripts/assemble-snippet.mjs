@@ -4,16 +4,18 @@
 //   node scripts/assemble-snippet.mjs BINDGEN_DIR JS_DIR OUT_DIR
 //
 // BINDGEN_DIR holds tally_client.js (glue) and tally_client_bg.wasm (already wasm-opt'ed);
-// JS_DIR holds host.js and loader.js. Needs terser, found through NODE_PATH-like env
-// SNIPPET_NODE_MODULES (set by build-snippet.sh).
+// JS_DIR holds host.js and loader.js (and JS_DIR/../src/ops.rs defines the operation codes
+// they name). Needs terser, @gfx/zopfli and brotli-wasm, found through the NODE_PATH-like env
+// SNIPPET_NODE_MODULES (set by build-snippet.sh, which pins their versions).
 //
 // Contract of the output (what server/src/http/assets.rs and the loader rely on):
 // - OUT/tally-<hash>.js: the glue with js/host.js inlined in place of its import (so the page
 //   loads one module), minified; <hash> = first 12 hex of its SHA-256.
 // - OUT/tally-<hash>.wasm: the module; <hash> likewise. Both names are immutable.
 // - OUT/tally.js: the loader, minified, pointing at those two names relative to itself.
-// - OUT/manifest.rs: Rust constants naming and embedding the three files.
-// - Older tally-*.js / tally-*.wasm in OUT are removed.
+// - Beside each of the three, NAME.gz (zopfli) and NAME.br (brotli q11) of the same bytes.
+// - OUT/manifest.rs: Rust constants naming and embedding the three files in each encoding.
+// - Older tally-*.js / tally-*.wasm (and their .gz / .br) in OUT are removed.
 import { createHash } from 'node:crypto';
 import { readFileSync, writeFileSync, readdirSync, unlinkSync, mkdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -23,14 +25,31 @@ const [bindgenDir, jsDir, outDir] = process.argv.slice(2);
 if (!outDir) throw new Error('usage: assemble-snippet.mjs BINDGEN_DIR JS_DIR OUT_DIR');
 const modules = process.env.SNIPPET_NODE_MODULES;
 if (!modules) throw new Error('SNIPPET_NODE_MODULES must point at a node_modules with terser');
-const { minify } = createRequire(join(modules, 'x.js'))('terser');
+const need = createRequire(join(modules, 'x.js'));
+const { minify } = need('terser');
 
 const stripComments = (src) => src.split('\n').filter((l) => !/^\s*\/\//.test(l)).join('\n');
+
+// 0. The operation codes. src/ops.rs defines each one once, as a `#[repr(u32)] pub enum` whose
+//    variants are `Name = number,` lines; the JS sources name them (`Op.Start`, `Num.Later`,
+//    `Flag.Consent`) and get the numbers here. An unknown name stops the build.
+const opsRs = readFileSync(join(jsDir, '..', 'src', 'ops.rs'), 'utf8');
+const codes = {};
+for (const [, name, body] of opsRs.matchAll(/^#\[repr\(u32\)\]\npub enum (\w+) \{\n([\s\S]*?)^\}/gm)) {
+  codes[name] = Object.fromEntries([...body.matchAll(/^ {4}(\w+) = (\d+),$/gm)].map(([, v, n]) => [v, n]));
+}
+for (const e of ['Op', 'Num', 'Flag']) {
+  if (!codes[e] || !Object.keys(codes[e]).length) throw new Error(`src/ops.rs: no enum ${e} with codes`);
+}
+const withCodes = (src, file) => src.replace(/\b(Op|Num|Flag)\.(\w+)\b/g, (_, e, v) => {
+  if (!(v in codes[e])) throw new Error(`${file}: ${e}.${v} is not defined in src/ops.rs`);
+  return codes[e][v];
+});
 
 // 1. Inline host.js into the glue. wasm-bindgen imports it twice: named imports for the
 //    functions it wraps, and a namespace object for those it passes straight to the module.
 let glue = readFileSync(join(bindgenDir, 'tally_client.js'), 'utf8');
-const host = stripComments(readFileSync(join(jsDir, 'host.js'), 'utf8'));
+const host = withCodes(stripComments(readFileSync(join(jsDir, 'host.js'), 'utf8')), 'host.js');
 const exported = [...host.matchAll(/^export function (\w+)/gm)].map((m) => m[1]);
 const hostBody = host.replace(/^export function /gm, 'function ');
 const named = /^import \{[^}]*\} from ['"]\.\/snippets\/[^'"]+\/js\/host\.js['"];?$/m;
@@ -133,31 +152,42 @@ const wasmName = `tally-${hash(wasm)}.wasm`;
 
 const loaderSrc = readFileSync(join(jsDir, 'loader.js'), 'utf8');
 if (!loaderSrc.includes('__GLUE__') || !loaderSrc.includes('__WASM__')) throw new Error('loader lacks placeholders');
-const loader = await terse(stripComments(loaderSrc).replace("'__GLUE__'", `'${glueName}'`).replace("'__WASM__'", `'${wasmName}'`), false);
+const loader = await terse(withCodes(stripComments(loaderSrc), 'loader.js').replace("'__GLUE__'", `'${glueName}'`).replace("'__WASM__'", `'${wasmName}'`), false);
 
-// 6. Write, removing the files of earlier builds.
+// 6. Write, removing the files of earlier builds; each served file gets a .gz (zopfli) and a
+//    .br (brotli, quality 11) beside it, precompressed once here so the collector serves the
+//    smallest encoding a browser accepts without compressing per request. Both compressors are
+//    deterministic: the same input gives the same bytes.
 mkdirSync(outDir, { recursive: true });
 for (const f of readdirSync(outDir)) {
-  if (/^tally-[0-9a-f]+\.(js|wasm)$/.test(f)) unlinkSync(join(outDir, f));
+  if (/^tally-[0-9a-f]+\.(js|wasm)(\.gz|\.br)?$/.test(f)) unlinkSync(join(outDir, f));
 }
-writeFileSync(join(outDir, glueName), glueMin + '\n');
-writeFileSync(join(outDir, wasmName), wasm);
-writeFileSync(join(outDir, 'tally.js'), loader + '\n');
+const zopfli = need('@gfx/zopfli');
+const brotli = need('brotli-wasm');
+const write = async (name, bytes) => {
+  writeFileSync(join(outDir, name), bytes);
+  writeFileSync(join(outDir, name + '.gz'), await zopfli.gzipAsync(bytes, { numiterations: 15 }));
+  writeFileSync(join(outDir, name + '.br'), brotli.compress(bytes, { quality: 11 }));
+};
+await write(glueName, Buffer.from(glueMin + '\n'));
+await write(wasmName, wasm);
+await write('tally.js', Buffer.from(loader + '\n'));
+const embed = (doc, constName, file) => ['', '.gz', '.br'].map((ext, i) =>
+  `/// ${doc}${['', ', gzip-compressed', ', brotli-compressed'][i]}.
+pub const ${constName}${['', '_GZ', '_BR'][i]}: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/${file}${ext}"));`).join('\n');
 writeFileSync(
   join(outDir, 'manifest.rs'),
   `// @generated by scripts/build-snippet.sh from client-wasm/: do not edit.
-// The snippet files in this directory, named and embedded for server/src/http/assets.rs.
+// The snippet files in this directory, named and embedded for server/src/http/assets.rs, each
+// as built and precompressed (gzip by zopfli, brotli at quality 11).
 
-/// The loader, served at \`/tally.js\`.
-pub const LOADER: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally.js"));
+${embed('The loader, served at `/tally.js`', 'LOADER', 'tally.js')}
 /// File name of the wasm-bindgen glue (content-hashed: immutable).
 pub const GLUE_NAME: &str = "${glueName}";
-/// The glue (an ES module with the host functions inlined).
-pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/${glueName}"));
+${embed('The glue (an ES module with the host functions inlined)', 'GLUE', glueName)}
 /// File name of the WebAssembly module (content-hashed: immutable).
 pub const WASM_NAME: &str = "${wasmName}";
-/// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/${wasmName}"));
+${embed('The WebAssembly module', 'WASM', wasmName)}
 `,
 );
 

@@ -6,7 +6,8 @@
 # LTO, one codegen unit, panic abort; plus, on the Debian toolchain, a size-optimised std
 # with panic=immediate-abort) -> wasm-bindgen --target web -> wasm-opt -Oz (binaryen from
 # npm; bookworm's binaryen 108 emits modules that do not load) -> scripts/assemble-snippet.mjs
-# (inline js/host.js into the glue, minify glue and loader, content-hash the names, write
+# (substitute the operation codes of src/ops.rs into the JS, inline js/host.js into the glue,
+# minify glue and loader, content-hash the names, precompress each file to .gz and .br, write
 # static/ and static/manifest.rs) -> static/INPUTS (scripts/snippet-inputs.sh) -> sizes.
 #
 # Toolchains:
@@ -70,7 +71,9 @@ TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 
 # --- 4. wasm-opt ------------------------------------------------------------------------
 # Pinned node tools (part of the recorded inputs, since they are in this file).
-NODE_TOOLS=(binaryen@132.0.0 terser@5.51.2)
+# @gfx/zopfli (zopfli in wasm) writes the .gz and brotli-wasm (the brotli crate in wasm) the
+# .br of each file: deterministic, ~3% and ~10% smaller than gzip -9.
+NODE_TOOLS=(binaryen@132.0.0 terser@5.51.2 @gfx/zopfli@1.0.15 brotli-wasm@3.0.1)
 NODE_PREFIX=$TOOLS/snippet-node
 export SNIPPET_NODE_MODULES=$NODE_PREFIX/node_modules
 if [[ $(cat "$NODE_PREFIX/.pins" 2>/dev/null) != "${NODE_TOOLS[*]}" ]]; then

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # check-snippet.sh - CI check that the committed snippet in static/ was built from the current
-# sources: the hash of its inputs (scripts/snippet-inputs.sh) must equal static/INPUTS, and the
-# files static/manifest.rs names must exist with the content hash in their name.
-# Fails with the command to run when stale. Needs cargo (for the resolved dependency list),
-# no wasm toolchain.
+# sources: the hash of its inputs (scripts/snippet-inputs.sh) must equal static/INPUTS, the
+# files static/manifest.rs names must exist with the content hash in their name, and every
+# .gz / .br must decompress to the file it sits beside.
+# Fails with the command to run when stale. Needs cargo (for the resolved dependency list) and
+# node, no wasm toolchain.
 #   scripts/check-snippet.sh [--rebuild]   --rebuild: rebuild first (needs the wasm toolchain)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,6 +33,20 @@ for name in $(grep -oE '"tally-[0-9a-f]{12}\.(js|wasm)"' static/manifest.rs | tr
   [[ $name == tally-${sum:0:12}.* ]] || fail "static/$name does not match its content hash"
   grep -q "$name" static/tally.js || fail "static/tally.js does not load $name"
 done
-extra=$(find static -maxdepth 1 -name 'tally-*' -printf '%f\n' | grep -vxF -f <(grep -oE 'tally-[0-9a-f]{12}\.(js|wasm)' static/manifest.rs) || true)
+served=$(grep -oE '"/\.\./static/[^"]+"' static/manifest.rs | sed 's|"/\.\./static/||; s|"$||' | LC_ALL=C sort)
+extra=$(find static -maxdepth 1 -name 'tally*' -printf '%f\n' | LC_ALL=C sort | grep -vxF -f <(echo "$served") || true)
 [[ -z $extra ]] || fail "files not in the manifest: $extra"
+# Every precompressed file decompresses to the file beside it (node's zlib reads both).
+node - static $served <<'JS' || fail "a precompressed file does not match its original"
+const { readFileSync } = require('node:fs');
+const { gunzipSync, brotliDecompressSync } = require('node:zlib');
+const [dir, ...files] = process.argv.slice(2);
+for (const f of files) {
+  const unpack = f.endsWith('.gz') ? gunzipSync : f.endsWith('.br') ? brotliDecompressSync : null;
+  if (unpack && !unpack(readFileSync(`${dir}/${f}`)).equals(readFileSync(`${dir}/${f.slice(0, -3)}`))) {
+    console.error(`check-snippet: static/${f} does not decompress to static/${f.slice(0, -3)}`);
+    process.exit(1);
+  }
+}
+JS
 echo "check-snippet: ok (inputs $have)"

@@ -1,115 +1,176 @@
 // Tally host functions: the only place the WebAssembly client touches browser APIs.
 //
-// Contract: each function is imported by src/web.rs. scripts/build-snippet.sh inlines this
-// file into the wasm-bindgen glue (replacing the glue's import of it), so the free name
-// `run` below is the glue's own export (src/web.rs: the op codes). Nothing here throws:
-// storage errors become null/false, a failed fetch becomes an answer with status 0, and every call
-// back into the module is wrapped so a fault there cannot reach the page.
-// Full-line comments are stripped at build time; keep the code itself compact.
+// Contract: each exported function is imported by src/web.rs (its extern block). The build
+// (scripts/assemble-snippet.mjs) inlines this file into the wasm-bindgen glue in place of its
+// import, so `run` below is the glue's own export; it replaces every Op.Name and Num.Name with
+// the number src/ops.rs defines (where each operation and its arguments are written down
+// once), strips full-line comments and minifies. Nothing here throws: storage errors become
+// null/false, a failed fetch becomes an answer with status 0, and every call back into the
+// module is wrapped so a fault there cannot reach the page.
 
-// run()'s string arguments are never undefined (that would arrive as "undefined").
-function tallyCall(o, s = 0, w = 0, a = '', b = '', c = '') {
-  try { run(o, s, w, a, b, c) } catch (e) {}
+// Calls the module. Arguments an operation does not use are 0 and '' (never undefined, which
+// would arrive as the text "undefined").
+function callModule(op, s = 0, w = 0, a = '', b = '', c = '') {
+  try {
+    run(op, s, w, a, b, c);
+  } catch (e) {}
 }
-function tallyArea(a) {
-  return a ? sessionStorage : localStorage
+
+function storageArea(session) {
+  return session ? sessionStorage : localStorage;
 }
+
 // Retry-After as a wait in ms: delay-seconds, or an HTTP-date in any of its three forms
 // (Date.parse reads IMF-fixdate, RFC 850 and asctime; asctime carries no zone, so GMT is
 // added). Absent, unreadable (NaN) or past (negative): the module treats all as 0.
-function tallyWait(h) {
-  return h == null ? 0 : /^\s*\d+\s*$/.test(h) ? h * 1e3 : Date.parse(/gmt/i.test(h) ? h : h + ' GMT') - Date.now()
+function retryAfterMs(header) {
+  if (header == null) return 0;
+  if (/^\s*\d+\s*$/.test(header)) return header * 1e3;
+  return Date.parse(/gmt/i.test(header) ? header : header + ' GMT') - Date.now();
 }
-// The host calls with numbers only, one import: 0 now (Unix ms), 1 later(x ms), 2 want(x:
-// busuanzi), 3 listen(x: spa).
-export function num(o, x) {
-  return o ? [, tallyLater, tallyWant, tallyListen][o](x) : Date.now()
+
+// The module's questions that take and give a number (src/ops.rs, Num).
+export function num(op, x) {
+  switch (op) {
+    case Num.Now:
+      return Date.now();
+    case Num.Later:
+      setTimeout(() => callModule(Op.Tick), x);
+      return 0;
+    case Num.Want:
+      return wantsCounts(x);
+    case Num.Listen:
+      listen(x);
+      return 0;
+  }
 }
-export function rand(b) {
-  crypto.getRandomValues(b)
+
+export function rand(bytes) {
+  crypto.getRandomValues(bytes);
 }
-export function load(a, k) {
-  try { return tallyArea(a).getItem(k) } catch (e) { return null }
-}
-export function save(a, k, v) {
-  try { v ? tallyArea(a).setItem(k, v) : tallyArea(a).removeItem(k); return true } catch (e) { return false }
-}
-// Event ids whose fetch awaits its answer; the answer (op 2) leaves the set first.
-const tallyFlights = new Set();
-function tallyDone(k, s, w, t) {
-  tallyFlights.delete(k);
-  tallyCall(2, s, w, t, k)
-}
-export function busy(k) {
-  return tallyFlights.has(k)
-}
-// A hit to api a (with &counts=1 when c), every URL with a fresh t= cache buster. With event
-// id k: fetch with a text/plain body (no CORS preflight), keepalive so it survives
-// navigation, no cookies; the answer is read, so 429/503 + Retry-After and the counters reach
-// the module (op 2, naming k). Without k: sendBeacon (page hiding: no answer wanted).
-export function send(a, c, b, k) {
-  const u = a + '/api/v1/hit?t=' + Date.now() + (c ? '&counts=1' : '');
+
+export function load(session, key) {
   try {
-    if (!k) return navigator.sendBeacon(u, b);
-    tallyFlights.add(k);
-    fetch(u, { method: 'POST', body: b, keepalive: true, credentials: 'omit' })
-      .then(r => r.text().then(t => tallyDone(k, r.status, tallyWait(r.headers.get('Retry-After')), t)),
-        () => tallyDone(k, 0))
+    return storageArea(session).getItem(key);
   } catch (e) {
-    // No fetch, or its keepalive quota is used up: fall back to a beacon, outcome unknown (1).
-    if (k) {
-      const ok = send(a, 0, b);
-      setTimeout(() => tallyDone(k, ok ? 1 : 0))
+    return null;
+  }
+}
+
+// An empty value removes the key.
+export function save(session, key, value) {
+  try {
+    if (value) storageArea(session).setItem(key, value);
+    else storageArea(session).removeItem(key);
+    return true;
+  } catch (e) {
+    return false;
+  }
+}
+
+// Event ids whose fetch awaits its answer; an answer leaves the set before the module hears it.
+const inFlight = new Set();
+
+function answered(id, status, waitMs, body) {
+  inFlight.delete(id);
+  callModule(Op.Answer, status, waitMs, body, id);
+}
+
+export function busy(id) {
+  return inFlight.has(id);
+}
+
+// A hit to collector `api` (with &counts=1 when `counts`), every URL with a fresh t= cache
+// buster. With event id `id`: fetch with a text/plain body (no CORS preflight), keepalive so it
+// survives navigation, no cookies; the answer is read, so 429/503 + Retry-After and the
+// counters reach the module (Op.Answer, naming the id). Without an id: sendBeacon (the page is
+// hiding: no answer wanted), and the result says whether the browser took it.
+export function send(api, counts, body, id) {
+  const url = api + '/api/v1/hit?t=' + Date.now() + (counts ? '&counts=1' : '');
+  try {
+    if (!id) return navigator.sendBeacon(url, body);
+    inFlight.add(id);
+    fetch(url, { method: 'POST', body, keepalive: true, credentials: 'omit' }).then(
+      (r) => r.text().then((text) => answered(id, r.status, retryAfterMs(r.headers.get('Retry-After')), text)),
+      () => answered(id, 0),
+    );
+  } catch (e) {
+    // No fetch, or its keepalive quota is used up: hand it to a beacon, outcome unknown (1).
+    if (id) {
+      const taken = send(api, 0, body);
+      setTimeout(() => answered(id, taken ? 1 : 0));
     }
   }
-  return false
+  return false;
 }
-function tallyLater(ms) {
-  setTimeout(() => tallyCall(3), ms)
+
+export function page(referrer) {
+  return referrer ? document.referrer : location.href;
 }
-export function page(r) {
-  return r ? document.referrer : location.href
-}
-// Is the page still at URL u: the same path (p), or the same URL but for the fragment?
-export function same(u, p) {
+
+// Is the page still at URL `url`: the same path (pathOnly), or the same URL but for the
+// fragment? Compared by the browser's own URL parser.
+export function same(url, pathOnly) {
   try {
-    const a = new URL(u), b = location;
-    return p ? a.pathname == b.pathname : a.href.split('#')[0] == b.href.split('#')[0]
-  } catch (e) { return false }
+    const then = new URL(url);
+    return pathOnly ? then.pathname == location.pathname : then.href.split('#')[0] == location.href.split('#')[0];
+  } catch (e) {
+    return false;
+  }
 }
-function tallyWant(z) {
-  return document.readyState == 'loading' || !!document.querySelector('[data-tally]' + (z ? ',[id^=busuanzi_]' : ''))
+
+function wantsCounts(busuanzi) {
+  return document.readyState == 'loading' || !!document.querySelector('[data-tally]' + (busuanzi ? ',[id^=busuanzi_]' : ''));
 }
-// The answer is a tally_wire::HitResponse; its counts fill [data-tally=...] elements and,
-// with data-busuanzi, the classic busuanzi ids (showing their hidden containers).
-export function fill(t, z) {
+
+// `answer` is a tally_wire::HitResponse; its counts fill the counters (show).
+export function fill(answer, busuanzi) {
   try {
-    const d = document, c = JSON.parse(t).counts, f = () => [
-      ['site.views', 'site_pv', c.site.views], ['site.visitors', 'site_uv', c.site.visitors],
-      ['page.views', 'page_pv', c.page.views], ['page.visitors', 'page_uv', c.page.visitors],
-      ['live', 0, c.live.visitors]
-    ].forEach(([k, b, v]) => {
-      d.querySelectorAll('[data-tally="' + k + '"]').forEach(e => e.textContent = v);
-      let e = z && b && d.getElementById('busuanzi_value_' + b);
-      if (e) e.textContent = v;
-      e = z && b && d.getElementById('busuanzi_container_' + b);
-      if (e) e.style.display = 'inline'
-    });
-    c && (d.readyState == 'loading' ? d.addEventListener('DOMContentLoaded', f) : f())
+    show(JSON.parse(answer).counts, busuanzi);
   } catch (e) {}
 }
-function tallyListen(spa) {
+
+// The counts of the current page, read (GET /api/v1/counts counts nothing), then shown.
+export function peek(api, site, busuanzi) {
+  try {
+    fetch(api + '/api/v1/counts?site=' + encodeURIComponent(site) + '&page=' + encodeURIComponent(location.pathname), { credentials: 'omit' })
+      .then((r) => r.ok && r.json())
+      .then((counts) => counts && show(counts, busuanzi), () => {});
+  } catch (e) {}
+}
+
+// Fills [data-tally=...] elements and, with data-busuanzi, the classic busuanzi ids (showing
+// their hidden containers), once the document is parsed. `counts` is a tally_wire::Counts.
+function show(counts, busuanzi) {
+  const put = () => [
+    ['site.views', 'site_pv', counts.site.views],
+    ['site.visitors', 'site_uv', counts.site.visitors],
+    ['page.views', 'page_pv', counts.page.views],
+    ['page.visitors', 'page_uv', counts.page.visitors],
+    ['live', 0, counts.live.visitors],
+  ].forEach(([name, id, value]) => {
+    document.querySelectorAll('[data-tally="' + name + '"]').forEach((e) => (e.textContent = value));
+    let e = busuanzi && id && document.getElementById('busuanzi_value_' + id);
+    if (e) e.textContent = value;
+    e = busuanzi && id && document.getElementById('busuanzi_container_' + id);
+    if (e) e.style.display = 'inline';
+  });
+  if (counts) document.readyState == 'loading' ? document.addEventListener('DOMContentLoaded', put) : put();
+}
+
+// Reports page hides (Op.Hide) and, when `spa`, history changes (Op.Push, Op.Replace, Op.Pop).
+function listen(spa) {
   if (spa) {
-    ['pushState', 'replaceState'].forEach((m, i) => {
-      const o = history[m];
-      history[m] = function () {
-        const r = o.apply(this, arguments);
-        tallyCall(5 + i);
-        return r
-      }
+    [['pushState', Op.Push], ['replaceState', Op.Replace]].forEach(([method, op]) => {
+      const original = history[method];
+      history[method] = function () {
+        const result = original.apply(this, arguments);
+        callModule(op);
+        return result;
+      };
     });
-    addEventListener('popstate', () => tallyCall(7))
+    addEventListener('popstate', () => callModule(Op.Pop));
   }
-  addEventListener('pagehide', () => tallyCall(4));
-  document.addEventListener('visibilitychange', () => document.visibilityState == 'hidden' && tallyCall(4))
+  addEventListener('pagehide', () => callModule(Op.Hide));
+  document.addEventListener('visibilitychange', () => document.visibilityState == 'hidden' && callModule(Op.Hide));
 }

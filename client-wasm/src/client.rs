@@ -24,8 +24,21 @@
 //!   the event id it settles.
 //! - In-page counters are filled from the answer to the page view's own request
 //!   (`?counts=1`), asked for only when the page has (or may still get) counter elements.
+//!   [`Command::Refresh`] (what a second run of the loader asks for) fills them again for the
+//!   current URL without counting: nothing while the answer of a page view with counts is on
+//!   its way (it fills them when it comes), else by reading `GET /api/v1/counts`
+//!   ([`Host::peek`]; the views it shows are committed, so the current one is included).
+//! - Consent ([`Options::consent`], `data-storage="consent"`): the client starts as with
+//!   storage off unless consent was given on an earlier page ([`CONSENT_KEY`]);
+//!   [`Command::Consent`] `true` switches to the stored visitor id and queue from then on and
+//!   remembers it, `false` deletes the stored id, queue and consent.
+//! - Ignore ([`Options::ignored`] at the start, [`Command::Ignore`] later; the loader keeps
+//!   the choice in `localStorage` and reads `#tally-ignore` / `#tally-unignore`): while set,
+//!   nothing is recorded or sent, and the queue is emptied when it is set; counters are still
+//!   shown (read, not counted).
 
 use crate::json;
+use crate::ops::Flag;
 use crate::queue::{self, Head};
 use crate::{ids, retry};
 use tally_wire::{Hit, MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
@@ -36,6 +49,8 @@ pub const VISITOR_KEY: &str = "tally:vid";
 pub const QUEUE_KEY: &str = "tally:q";
 /// Storage key written once to check that an area works.
 const PROBE_KEY: &str = "tally:probe";
+/// Storage key of the remembered consent (`data-storage="consent"`).
+pub const CONSENT_KEY: &str = "tally:consent";
 /// How long a sent hit is reserved while its answer is awaited.
 pub const LEASE_MS: u64 = 15_000;
 /// Longest page URL sent whole; longer ones lose their query and fragment.
@@ -93,6 +108,9 @@ pub trait Host {
     /// page.visitors|live]` and, if `busuanzi`, the `busuanzi_value_*` ids. Bodies without
     /// counts are ignored.
     fn fill(&mut self, answer: &str, busuanzi: bool);
+    /// Reads `GET {api}/api/v1/counts?site=&page=<the current path>` (counting nothing) and
+    /// fills the in-page counters from it, as [`Host::fill`] does.
+    fn peek(&mut self, api: &str, site: &str, busuanzi: bool);
     /// Starts reporting page hides (`Client::hide`) and, if `spa`, history changes
     /// (`Client::navigate`).
     fn listen(&mut self, spa: bool);
@@ -105,8 +123,13 @@ pub struct Options {
     pub site: String,
     /// Collector base URL without a trailing slash (`data-api`, default: the script's origin).
     pub api: String,
-    /// Keep a visitor id and queue in storage (off with `data-storage="none"`).
+    /// Keep a visitor id and queue in storage (off with `data-storage="none"` or
+    /// `"consent"`).
     pub storage: bool,
+    /// Storage waits for consent (`data-storage="consent"`): on when given on an earlier page.
+    pub consent: bool,
+    /// This browser is excluded from counting (the loader read it from `localStorage`).
+    pub ignored: bool,
     /// Also fill the classic busuanzi ids (`data-busuanzi`).
     pub busuanzi: bool,
     /// Count page views automatically (off with `data-auto="false"`).
@@ -116,25 +139,58 @@ pub struct Options {
 }
 
 impl Options {
-    /// Flag bit: `data-storage="none"`.
-    pub const NO_STORAGE: u32 = 1;
-    /// Flag bit: `data-busuanzi`.
-    pub const BUSUANZI: u32 = 2;
-    /// Flag bit: `data-auto="false"`.
-    pub const MANUAL: u32 = 4;
-    /// Flag bit: `data-spa="false"`.
-    pub const NO_SPA: u32 = 8;
-
-    /// Builds the options from the loader's arguments.
+    /// Builds the options from the loader's arguments: `flags` holds [`Flag`] bits.
     pub fn new(site: String, api: String, flags: u32) -> Self {
+        let consent = Flag::Consent.is_in(flags);
         Options {
             site,
             api,
-            storage: flags & Self::NO_STORAGE == 0,
-            busuanzi: flags & Self::BUSUANZI != 0,
-            auto: flags & Self::MANUAL == 0,
-            spa: flags & Self::NO_SPA == 0,
+            storage: !Flag::NoStorage.is_in(flags) && !consent,
+            consent,
+            ignored: Flag::Ignored.is_in(flags),
+            busuanzi: Flag::Busuanzi.is_in(flags),
+            auto: !Flag::Manual.is_in(flags),
+            spa: !Flag::NoSpa.is_in(flags),
         }
+    }
+}
+
+/// A `tally(kind, value, {dedupe})` call from the page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `tally('pageview')`: count a page view of the current URL.
+    PageView,
+    /// `tally('event', name, {dedupe})`.
+    Event {
+        /// The event's name (not empty).
+        name: String,
+        /// Counted once per (site, name, dedupe) when present.
+        dedupe: Option<String>,
+    },
+    /// `tally('consent', given)`: store the visitor id and queue from now on, or delete them.
+    Consent(bool),
+    /// `tally('ignore', on)`: exclude this browser from counting, or include it again.
+    Ignore(bool),
+    /// `tally('refresh')`: fill the in-page counters again for the current URL, counting
+    /// nothing (a second run of the loader on the same document asks for this).
+    Refresh,
+}
+
+impl Command {
+    /// The command of `tally(kind, value, {dedupe})`; `on` is the value's truthiness, `text`
+    /// the value as text. `None` for an unknown kind or an event without a name.
+    pub fn parse(kind: &str, on: bool, text: Option<&str>, dedupe: Option<&str>) -> Option<Self> {
+        Some(match kind {
+            "pageview" => Command::PageView,
+            "event" => Command::Event {
+                name: text?.to_owned(),
+                dedupe: dedupe.map(str::to_owned),
+            },
+            "consent" => Command::Consent(on),
+            "ignore" => Command::Ignore(on),
+            "refresh" => Command::Refresh,
+            _ => return None,
+        })
     }
 }
 
@@ -188,9 +244,15 @@ impl<H: Host> Client<H> {
             page: String::new(),
             timer_at: 0,
         };
+        if client.opts.consent && client.consented() {
+            client.opts.storage = true;
+        }
         if client.opts.storage {
-            client.store = client.pick_store();
-            client.visitor = Some(client.visitor_id());
+            client.use_storage();
+        }
+        if client.opts.ignored {
+            // What earlier pages left queued is not sent either.
+            client.ignore(true);
         }
         let auto = client.opts.auto;
         client.host.listen(auto && client.opts.spa);
@@ -211,17 +273,65 @@ impl<H: Host> Client<H> {
         &mut self.host
     }
 
-    /// Runs a `tally(kind, name, {dedupe})` command: `"pageview"`, or `"event"` with a name.
-    pub fn command(&mut self, kind: &str, name: Option<String>, dedupe: Option<String>) {
-        match kind {
-            "pageview" => self.page_view(None),
-            "event" => {
-                if let Some(name) = name.filter(|n| !n.is_empty()) {
-                    let url = self.host.href();
-                    self.record(TYPE_EVENT, url, String::new(), Some(name), dedupe, false);
-                }
+    /// Runs a `tally(...)` command.
+    pub fn command(&mut self, command: Command) {
+        match command {
+            Command::PageView => self.page_view(None),
+            Command::Event { name, dedupe } => {
+                let url = self.host.href();
+                self.record(TYPE_EVENT, url, String::new(), Some(name), dedupe, false);
             }
-            _ => {}
+            Command::Consent(given) => self.consent(given),
+            Command::Ignore(on) => self.ignore(on),
+            Command::Refresh => self.refresh(),
+        }
+    }
+
+    /// Fills the in-page counters again for the current URL, counting nothing: nothing to do
+    /// while the answer of a page view with counts is awaited (it fills them when it comes),
+    /// else the counts are read from the collector.
+    pub fn refresh(&mut self) {
+        let busuanzi = self.opts.busuanzi;
+        if self.counts_for.is_none() && self.host.wants_counts(busuanzi) {
+            self.host.peek(&self.opts.api, &self.opts.site, busuanzi);
+        }
+    }
+
+    /// Consent given: the visitor id and queue are stored (and the consent remembered) from
+    /// now on, and what was queued in memory moves to storage. Withdrawn: the stored id,
+    /// queue and consent are deleted from both areas; the queue stays in memory for this page
+    /// and later hits carry no visitor id.
+    pub fn consent(&mut self, given: bool) {
+        if given {
+            if !self.opts.storage {
+                self.opts.storage = true;
+                let queued = std::mem::take(&mut self.memory);
+                self.use_storage();
+                if let Store::Area(area) = self.store {
+                    self.host.save(area, CONSENT_KEY, "1");
+                }
+                // After whatever another tab with consent has stored (lines append).
+                let mut text = self.load_queue();
+                text.push_str(&queued);
+                self.pass(text, false, "", 0);
+            }
+        } else {
+            let queued = self.load_queue();
+            self.forget(Area::Local);
+            self.forget(Area::Session);
+            self.opts.storage = false;
+            self.store = Store::Memory;
+            self.visitor = None;
+            self.memory = queued;
+        }
+    }
+
+    /// Excludes this browser from counting, or includes it again (the loader remembers the
+    /// choice for later pages). Setting it empties the queue: nothing is sent while it is set.
+    pub fn ignore(&mut self, on: bool) {
+        self.opts.ignored = on;
+        if on {
+            self.save_queue(String::new());
         }
     }
 
@@ -247,9 +357,12 @@ impl<H: Host> Client<H> {
             u64::MAX
         };
         self.pass(String::new(), false, id, wait);
-        if !retry && (200..300).contains(&status) && self.counts_for.as_deref() == Some(id) {
+        // Settled: its counts, if any, are no longer on their way (a refresh reads them).
+        if !retry && self.counts_for.as_deref() == Some(id) {
             self.counts_for = None;
-            if let Some(body) = body {
+            if (200..300).contains(&status)
+                && let Some(body) = body
+            {
                 self.host.fill(body, self.opts.busuanzi);
             }
         }
@@ -266,6 +379,25 @@ impl<H: Host> Client<H> {
     /// with a backoff, so a later page confirms them; the collector dedupes the repeat.
     pub fn hide(&mut self) {
         self.pass(String::new(), true, "", 0);
+    }
+
+    /// Picks the storage area and restores or creates the visitor id there.
+    fn use_storage(&mut self) {
+        self.store = self.pick_store();
+        self.visitor = Some(self.visitor_id());
+    }
+
+    /// Whether consent was given on an earlier page (read only: nothing is written before).
+    fn consented(&self) -> bool {
+        self.host.load(Area::Local, CONSENT_KEY).is_some()
+            || self.host.load(Area::Session, CONSENT_KEY).is_some()
+    }
+
+    /// Deletes the visitor id, queue and consent from a storage area.
+    fn forget(&mut self, area: Area) {
+        self.host.save(area, VISITOR_KEY, "");
+        self.host.save(area, QUEUE_KEY, "");
+        self.host.save(area, CONSENT_KEY, "");
     }
 
     fn pick_store(&mut self) -> Store {
@@ -307,10 +439,18 @@ impl<H: Host> Client<H> {
         id
     }
 
+    /// Counts a page view of the current URL, asking for the counts when the page shows
+    /// them; an ignored browser counts nothing and reads the counts instead.
     fn page_view(&mut self, referrer: Option<String>) {
         let url = self.host.href();
         let referrer = referrer.unwrap_or_else(|| self.host.referrer());
         self.page = url.clone();
+        // Counters now show this page: an earlier page view's answer no longer fills them.
+        self.counts_for = None;
+        if self.opts.ignored {
+            self.refresh();
+            return;
+        }
         let counts = self.host.wants_counts(self.opts.busuanzi);
         self.record(TYPE_PAGEVIEW, url, referrer, None, None, counts);
     }
@@ -324,6 +464,9 @@ impl<H: Host> Client<H> {
         dedupe: Option<String>,
         counts: bool,
     ) {
+        if self.opts.ignored {
+            return;
+        }
         let now = self.host.now_ms();
         let mut random = [0u8; 10];
         self.host.random(&mut random);

@@ -7,6 +7,8 @@
 //!   Track, and instantiates this module with streaming compilation. It then calls the one
 //!   export, `run(op, ...)`: to start, and for each `window.tally(...)` call; `js/host.js`
 //!   calls it for answers, timers, history changes and page hides.
+//! - [`ops`] defines, once, every operation code and argument between the JavaScript side
+//!   and the module (the build substitutes the codes into the JS sources).
 //! - [`client`] holds all behaviour as plain Rust over the [`client::Host`] trait; [`json`],
 //!   [`ids`], [`retry`] and [`queue`] are its pure building blocks. They compile and are
 //!   tested natively (`cargo test -p tally-client`).
@@ -18,6 +20,7 @@
 pub mod client;
 pub mod ids;
 pub mod json;
+pub mod ops;
 pub mod queue;
 pub mod retry;
 

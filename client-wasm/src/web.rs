@@ -4,14 +4,15 @@
 //! Contract:
 //! - Exports one entry point, `run(op, s, w, a, b, c)`: the start, each `window.tally(...)`
 //!   call, a finished fetch, a timer, a history change and the page hiding, told apart by
-//!   `op` (see [`run`]).
+//!   `op`. Codes and arguments are defined once, in [`crate::ops`].
 //! - The one client lives in a module-level cell: the WebAssembly instance is the state holder
 //!   of one page. A call that arrives while the client is busy (a re-entrant call from page
 //!   code) or before `start` is ignored rather than panicking.
 //! - `js/host.js` is inlined into the wasm-bindgen glue by `scripts/build-snippet.sh`, so the
 //!   page downloads one JavaScript module besides the loader.
 
-use crate::client::{Area, Client, Host, Navigation, Options};
+use crate::client::{Area, Client, Command, Host, Navigation, Options};
+use crate::ops::{Num, Op, present};
 use std::cell::RefCell;
 use wasm_bindgen::prelude::*;
 
@@ -32,6 +33,7 @@ extern "C" {
     fn page(referrer: bool) -> String;
     fn same(url: &str, path_only: bool) -> bool;
     fn fill(answer: &str, busuanzi: bool);
+    fn peek(api: &str, site: &str, busuanzi: bool);
 }
 
 /// The browser, as seen through `js/host.js`.
@@ -39,7 +41,7 @@ struct Web;
 
 impl Host for Web {
     fn now_ms(&self) -> u64 {
-        num(0, 0) as u64
+        num(Num::Now as u32, 0) as u64
     }
     fn random(&self, buf: &mut [u8]) {
         rand(buf)
@@ -60,7 +62,7 @@ impl Host for Web {
         send(api, false, body, "")
     }
     fn schedule(&mut self, delay_ms: u32) {
-        num(1, delay_ms);
+        num(Num::Later as u32, delay_ms);
     }
     fn href(&self) -> String {
         page(false)
@@ -72,13 +74,16 @@ impl Host for Web {
         page(true)
     }
     fn wants_counts(&self, busuanzi: bool) -> bool {
-        num(2, busuanzi.into()) != 0.0
+        num(Num::Want as u32, busuanzi.into()) != 0.0
     }
     fn fill(&mut self, answer: &str, busuanzi: bool) {
         fill(answer, busuanzi)
     }
+    fn peek(&mut self, api: &str, site: &str, busuanzi: bool) {
+        peek(api, site, busuanzi)
+    }
     fn listen(&mut self, spa: bool) {
-        num(3, spa.into());
+        num(Num::Listen as u32, spa.into());
     }
 }
 
@@ -86,37 +91,38 @@ thread_local! {
     static CLIENT: RefCell<Option<Client<Web>>> = const { RefCell::new(None) };
 }
 
-/// The one entry point (one export keeps the glue small). `op` says what happened:
-/// - 0: start, once (`a` site, `b` api, `s` the flag bits of [`Options::new`]);
-/// - 1: a `window.tally(kind, name, {dedupe})` call (`a` kind, `b` name, `c` dedupe);
-/// - 2: a send finished (`s` status, `w` the `Retry-After` wait in ms as `js/host.js` read
-///   it — NaN, negative or absent all mean 0 —, `a` the body, `b` the event id);
-/// - 3: a timer fired; 4: the page is being hidden or unloaded;
-/// - 5, 6, 7: `history.pushState`, `replaceState`, `popstate`.
-///
-/// Calls before the start, a second start, and re-entrant calls are ignored.
+/// The one entry point (one export keeps the glue small): `op` is an [`Op`], whose variants
+/// say what `s`, `w`, `a`, `b` and `c` carry. Calls before the start, a second start, unknown
+/// operations and commands, and re-entrant calls are ignored.
 #[wasm_bindgen]
 pub fn run(op: u32, s: u32, w: f64, a: &str, b: &str, c: &str) {
-    let some = |x: &str| (!x.is_empty()).then(|| x.to_owned());
+    let Some(op) = Op::from_code(op) else {
+        return;
+    };
     CLIENT.with(|cell| {
         let Ok(mut slot) = cell.try_borrow_mut() else {
             return;
         };
         let Some(client) = slot.as_mut() else {
-            if op == 0 {
+            if op == Op::Start {
                 *slot = Some(Client::start(Web, Options::new(a.into(), b.into(), s)));
             }
             return;
         };
         match op {
-            1 => client.command(a, some(b), some(c)),
-            2 => client.answer(b, s as u16, w as u64, Some(a).filter(|t| !t.is_empty())),
-            3 => client.tick(),
-            4 => client.hide(),
-            5 => client.navigate(Navigation::Push),
-            6 => client.navigate(Navigation::Replace),
-            7 => client.navigate(Navigation::Pop),
-            _ => {}
+            Op::Start => {}
+            Op::Command => {
+                if let Some(command) = Command::parse(a, s != 0, present(b), present(c)) {
+                    client.command(command);
+                }
+            }
+            // `as` saturates: a NaN or negative wait becomes 0.
+            Op::Answer => client.answer(b, s as u16, w as u64, present(a)),
+            Op::Tick => client.tick(),
+            Op::Hide => client.hide(),
+            Op::Push => client.navigate(Navigation::Push),
+            Op::Replace => client.navigate(Navigation::Replace),
+            Op::Pop => client.navigate(Navigation::Pop),
         }
     });
 }

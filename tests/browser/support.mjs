@@ -45,8 +45,11 @@ export async function tallyCommand(args) {
 }
 
 /// Starts `tally serve` on 127.0.0.1:`port` (0: any) and resolves once it prints its address.
+/// With auto-sites, the per-address limit on new sites is off: every test of a file makes its
+/// own site, all from 127.0.0.1.
 export async function startTally({ db, port = 0, autoSites = true, extra = [] }) {
-  const args = ['--db', db, 'serve', '--listen', `127.0.0.1:${port}`, ...(autoSites ? ['--auto-sites'] : []), ...extra];
+  const auto = autoSites ? ['--auto-sites', '--new-sites-per-hour', '0'] : [];
+  const args = ['--db', db, 'serve', '--listen', `127.0.0.1:${port}`, ...auto, ...extra];
   const child = spawn(tallyBin(), args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, TALLY_LOG: 'warn' } });
   let stderr = '';
   child.stderr.on('data', (d) => (stderr += d));

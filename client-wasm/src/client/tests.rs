@@ -2,6 +2,7 @@
 //! SPA navigation and counters.
 
 use super::*;
+use crate::ops::Flag;
 use crate::queue::Entry;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -28,6 +29,8 @@ struct Fake {
     referrer: String,
     counters: bool,
     fills: Vec<(String, bool)>,
+    /// (API, site, busuanzi) of each read of the counts.
+    peeks: Vec<(String, String, bool)>,
     listening: Option<bool>,
 }
 
@@ -97,6 +100,9 @@ impl Host for Fake {
     fn fill(&mut self, answer: &str, busuanzi: bool) {
         self.fills.push((answer.to_owned(), busuanzi));
     }
+    fn peek(&mut self, api: &str, site: &str, busuanzi: bool) {
+        self.peeks.push((api.to_owned(), site.to_owned(), busuanzi));
+    }
     fn listen(&mut self, spa: bool) {
         self.listening = Some(spa);
     }
@@ -124,6 +130,20 @@ impl World {
     fn start(fake: Fake, flags: u32) -> World {
         World {
             client: Client::start(fake, options(flags)),
+        }
+    }
+
+    /// A `tally(kind, text, {dedupe})` call, decoded as the browser's are (empty = absent).
+    fn command(&mut self, kind: &str, text: &str, dedupe: &str) {
+        let present = |x: &str| (!x.is_empty()).then(|| x.to_owned());
+        let on = !text.is_empty() && text != "false";
+        if let Some(c) = Command::parse(
+            kind,
+            on,
+            present(text).as_deref(),
+            present(dedupe).as_deref(),
+        ) {
+            self.client.command(c);
         }
     }
 
@@ -155,13 +175,19 @@ impl World {
 
     /// Restarts on the same storage: the next page load.
     fn reload(self, href: &str) -> World {
+        self.reload_with(href, 0)
+    }
+
+    /// Restarts on the same storage with other option flags.
+    fn reload_with(self, href: &str, flags: u32) -> World {
         let old = self.client.host;
         let mut next = fake(href);
         next.now = old.now;
         next.areas = old.areas;
         next.broken = old.broken;
         next.seed = old.seed;
-        World::start(next, 0)
+        next.counters = old.counters;
+        World::start(next, flags)
     }
 }
 
@@ -271,7 +297,7 @@ fn throwing_storage_everywhere_falls_back_to_memory_and_still_counts() {
 
 #[test]
 fn storage_none_writes_nothing_and_sends_a_null_visitor() {
-    let mut w = World::start(fake("https://blog.example/"), Options::NO_STORAGE);
+    let mut w = World::start(fake("https://blog.example/"), Flag::NoStorage as u32);
     let sends = w.sends();
     assert_eq!(field(&sends[0].1, "visitor_id"), Some("null"));
     assert!(w.client.host().areas.iter().all(HashMap::is_empty));
@@ -377,7 +403,7 @@ fn a_page_closed_mid_flight_leaves_a_leased_entry_resent_later() {
 fn counters_are_filled_from_the_page_views_own_answer() {
     let mut f = fake("https://blog.example/");
     f.counters = true;
-    let mut w = World::start(f, Options::BUSUANZI);
+    let mut w = World::start(f, Flag::Busuanzi as u32);
     let (url, _, token) = w.sends().remove(0);
     assert!(url.ends_with("&counts=1"));
     let body = r#"{"status":"accepted","counts":{"site":{"views":10,"visitors":4,"today":{"views":1,"visitors":1}},"page":{"views":3,"visitors":2,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#;
@@ -410,7 +436,7 @@ fn only_the_page_views_own_success_fills_counters() {
     let mut w = World::start(f, 0);
     let first = w.sends().remove(0);
     w.answer(&first.2, 429, 1_000, Some("{}"));
-    w.client.command("event", Some("x".into()), None);
+    w.command("event", "x", "");
     let event = w.sends().remove(0);
     assert!(!event.0.contains("counts"));
     w.answer(&event.2, 200, 0, Some("{}"));
@@ -466,10 +492,10 @@ fn spa_navigation_rules() {
 
 #[test]
 fn manual_mode_counts_only_when_asked() {
-    let mut w = World::start(fake("https://blog.example/"), Options::MANUAL);
+    let mut w = World::start(fake("https://blog.example/"), Flag::Manual as u32);
     assert!(w.sends().is_empty());
     assert_eq!(w.client.host().listening, Some(false), "no history hooks");
-    w.client.command("pageview", None, None);
+    w.command("pageview", "", "");
     assert_eq!(w.sends().len(), 1);
 }
 
@@ -477,12 +503,10 @@ fn manual_mode_counts_only_when_asked() {
 fn custom_events_carry_name_and_dedupe_and_fresh_ids() {
     let mut w = World::start(fake("https://blog.example/shop"), 0);
     w.sends();
-    w.client
-        .command("event", Some("signup".into()), Some("user_42".into()));
-    w.client
-        .command("event", Some("signup".into()), Some("user_42".into()));
-    w.client.command("event", Some(String::new()), None);
-    w.client.command("bogus", Some("x".into()), None);
+    w.command("event", "signup", "user_42");
+    w.command("event", "signup", "user_42");
+    w.command("event", "", "");
+    w.command("bogus", "x", "");
     let s = w.sends();
     assert_eq!(s.len(), 2);
     for (_, body, _) in &s {
@@ -532,7 +556,7 @@ fn beacon_handoff_is_an_unconfirmed_try() {
 fn queue_stays_bounded_while_the_collector_is_down() {
     let mut w = World::start(fake("https://blog.example/"), 0);
     for i in 0..40 {
-        w.client.command("event", Some(format!("e{i}")), None);
+        w.command("event", &format!("e{i}"), "");
         w.host().now += 1;
     }
     for (_, _, token) in w.sends() {
@@ -601,4 +625,192 @@ fn fake_url_helpers() {
         without_fragment("https://a.example/x?q#f"),
         "https://a.example/x?q"
     );
+}
+
+const COUNTS_ANSWER: &str = r#"{"status":"accepted","counts":{"site":{"views":2,"visitors":1,"today":{"views":2,"visitors":1}},"page":{"views":1,"visitors":1,"today":{"views":1,"visitors":1}},"live":{"events":1,"visitors":1}}}"#;
+
+#[test]
+fn refresh_waits_for_an_answer_on_its_way_then_reads_the_counts() {
+    let mut f = fake("https://blog.example/a");
+    f.counters = true;
+    let mut w = World::start(f, Flag::Busuanzi as u32);
+    let (_, _, id) = w.sends().remove(0);
+    w.command("refresh", "", "");
+    assert!(
+        w.client.host().peeks.is_empty(),
+        "the page view's answer is on its way: it fills the counters"
+    );
+    w.answer(&id, 200, 0, Some(COUNTS_ANSWER));
+    assert_eq!(w.client.host().fills.len(), 1);
+    w.command("refresh", "", "");
+    assert_eq!(
+        w.client.host().peeks,
+        vec![(API.to_owned(), "blog".to_owned(), true)]
+    );
+    assert!(w.sends().is_empty(), "a refresh counts nothing");
+}
+
+#[test]
+fn refresh_reads_the_counts_of_a_page_that_was_not_counted() {
+    // data-spa="false": the history change is not counted, so the last answer is another
+    // page's; the counters of the current URL are read from the collector.
+    let mut f = fake("https://blog.example/a");
+    f.counters = true;
+    let mut w = World::start(f, Flag::NoSpa as u32);
+    let (_, _, id) = w.sends().remove(0);
+    w.answer(&id, 200, 0, Some(COUNTS_ANSWER));
+    w.host().href = "https://blog.example/b".into();
+    w.command("refresh", "", "");
+    assert_eq!(
+        w.client.host().peeks,
+        vec![(API.to_owned(), "blog".to_owned(), false)]
+    );
+    assert!(w.sends().is_empty());
+    // No counter elements: nothing to refresh, nothing read.
+    w.host().counters = false;
+    w.command("refresh", "", "");
+    assert_eq!(w.client.host().peeks.len(), 1);
+}
+
+#[test]
+fn an_earlier_page_views_answer_does_not_fill_the_next_pages_counters() {
+    let mut f = fake("https://blog.example/a");
+    f.counters = true;
+    let mut w = World::start(f, 0);
+    let (_, _, first) = w.sends().remove(0);
+    w.host().href = "https://blog.example/b".into();
+    w.client.navigate(Navigation::Push);
+    let (_, _, second) = w.sends().remove(0);
+    w.answer(&first, 200, 0, Some(COUNTS_ANSWER));
+    assert!(
+        w.client.host().fills.is_empty(),
+        "page a's numbers on page b"
+    );
+    w.answer(&second, 200, 0, Some(COUNTS_ANSWER));
+    assert_eq!(w.client.host().fills.len(), 1);
+}
+
+#[test]
+fn consent_mode_starts_without_storage_until_consent_is_given() {
+    let mut w = World::start(fake("https://blog.example/"), Flag::Consent as u32);
+    let s = w.sends();
+    assert_eq!(field(&s[0].1, "visitor_id"), Some("null"));
+    assert!(
+        w.client.host().areas.iter().all(HashMap::is_empty),
+        "nothing written before consent, not even the probe"
+    );
+    // A failed send stays queued in memory; consent moves it into storage.
+    w.answer(&s[0].2, 0, 0, None);
+    w.command("consent", "true", "");
+    let vid = w.client.host().areas[0]
+        .get(VISITOR_KEY)
+        .cloned()
+        .expect("a stored visitor id");
+    assert_eq!(
+        w.client.host().areas[0]
+            .get(CONSENT_KEY)
+            .map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(w.queue().len(), 1, "the memory queue moved to storage");
+    w.command("event", "signup", "");
+    let s = w.sends();
+    assert_eq!(field(&s[0].1, "visitor_id"), Some(vid.as_str()));
+
+    // Remembered: the next page load starts with the stored id.
+    let mut w = w.reload_with("https://blog.example/b", Flag::Consent as u32);
+    let s = w.sends();
+    let sent = s.iter().find(|x| field(&x.1, "type") == Some("pageview"));
+    assert_eq!(
+        sent.and_then(|x| field(&x.1, "visitor_id")),
+        Some(vid.as_str())
+    );
+}
+
+#[test]
+fn withdrawn_consent_deletes_the_stored_id_queue_and_consent() {
+    let mut w = World::start(fake("https://blog.example/"), Flag::Consent as u32);
+    w.command("consent", "true", "");
+    let s = w.sends();
+    assert_eq!(w.queue().len(), 1);
+    w.command("consent", "false", "");
+    assert!(
+        w.client.host().areas.iter().all(HashMap::is_empty),
+        "{:?}",
+        w.client.host().areas
+    );
+    w.command("event", "x", "");
+    let later = w.sends();
+    assert_eq!(field(&later[0].1, "visitor_id"), Some("null"));
+    assert!(w.client.host().areas.iter().all(HashMap::is_empty));
+    // The queue lives on in memory for this page: the earlier hit is still settled.
+    w.answer(&s[0].2, 200, 0, None);
+    w.answer(&later[0].2, 200, 0, None);
+    w.advance(60_000);
+    assert!(w.sends().is_empty());
+    // The next page load starts without storage again.
+    let w = w.reload_with("https://blog.example/b", Flag::Consent as u32);
+    assert!(w.client.host().areas.iter().all(HashMap::is_empty));
+}
+
+#[test]
+fn ignore_empties_the_queue_and_sends_nothing_until_cleared() {
+    let mut f = fake("https://blog.example/");
+    f.counters = true;
+    let mut w = World::start(f, 0);
+    let (_, _, id) = w.sends().remove(0);
+    w.command("ignore", "true", "");
+    assert!(w.queue().is_empty(), "the queue is emptied");
+    w.answer(&id, 0, 0, None);
+    w.advance(60 * 60 * 1000);
+    w.command("event", "x", "");
+    w.command("pageview", "", "");
+    assert!(w.sends().is_empty(), "nothing is sent while ignored");
+    assert!(w.queue().is_empty(), "nothing is queued either");
+    assert_eq!(w.client.host().peeks.len(), 1, "counters are read instead");
+    w.command("ignore", "false", "");
+    w.command("pageview", "", "");
+    assert_eq!(w.sends().len(), 1);
+}
+
+#[test]
+fn a_browser_ignored_at_the_start_counts_nothing_and_reads_the_counters() {
+    // An earlier page left a hit queued (collector down).
+    let w = World::start(fake("https://blog.example/"), 0);
+    assert_eq!(w.client.host().sends.len(), 1);
+    let mut f = fake("https://blog.example/");
+    f.areas = w.client.host.areas;
+    f.now = T0 + 60_000;
+    f.counters = true;
+    let mut w = World::start(f, Flag::Ignored as u32);
+    assert!(
+        w.sends().is_empty(),
+        "neither this view nor the queued one is sent"
+    );
+    assert!(w.queue().is_empty());
+    assert_eq!(w.client.host().peeks.len(), 1);
+    w.host().href = "https://blog.example/b".into();
+    w.client.navigate(Navigation::Push);
+    assert!(w.sends().is_empty(), "SPA views are not counted either");
+}
+
+#[test]
+fn a_refused_page_view_leaves_refresh_to_read_the_counts() {
+    let mut f = fake("https://blog.example/a");
+    f.counters = true;
+    let mut w = World::start(f, 0);
+    let (_, _, id) = w.sends().remove(0);
+    w.answer(
+        &id,
+        403,
+        0,
+        Some(r#"{"error":"origin_not_allowed","message":"."}"#),
+    );
+    w.command("refresh", "", "");
+    assert_eq!(
+        w.client.host().peeks.len(),
+        1,
+        "no answer is on its way any more"
+    );
+    assert!(w.client.host().fills.is_empty());
 }
