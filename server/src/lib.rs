@@ -28,6 +28,7 @@ use tokio::net::TcpListener;
 
 use crate::config::ServeConfig;
 use crate::core::clock::Clock;
+use crate::core::filtered::FilterTally;
 use crate::http::AppState;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
@@ -75,15 +76,62 @@ pub async fn run(
         stop_rx,
     ));
     let server = config.server;
-    let state = AppState::new(store, ingest, clock, config, Arc::clone(&metrics), secret);
+    let state = AppState::new(
+        Arc::clone(&store),
+        ingest,
+        clock,
+        config,
+        Arc::clone(&metrics),
+        secret,
+    );
+    let tally = Arc::clone(&state.filtered);
+    let flusher = tokio::spawn(flush_loop(
+        Arc::clone(&store),
+        Arc::clone(&tally),
+        stop_tx.subscribe(),
+    ));
     // Serves until `shutdown`, then within the grace period; handlers get the peer address as
     // `ConnectInfo<SocketAddr>` from the server loop.
     serve::serve(listener, http::app(state), server, metrics, shutdown).await;
     // The router (and with it every queue sender) is dropped now: the writer drains and stops.
     let _ = stop_tx.send(true);
     let _ = pruner.await;
+    let _ = flusher.await;
+    // No handler runs any more: the last views not counted go to the store.
+    flush_filtered(store.as_ref(), &tally).await;
     writer.await?;
     Ok(())
+}
+
+/// How often the tallies of views not counted are written to the store.
+const FILTERED_FLUSH: Duration = Duration::from_secs(5);
+
+/// Write the tallies of views not counted every [`FILTERED_FLUSH`].
+async fn flush_loop(
+    store: Arc<dyn Store>,
+    tally: Arc<std::sync::Mutex<FilterTally>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(FILTERED_FLUSH) => flush_filtered(store.as_ref(), &tally).await,
+        }
+    }
+}
+
+/// Hand the pending tallies to the store; on failure they go back and wait for the next one.
+async fn flush_filtered(store: &dyn Store, tally: &std::sync::Mutex<FilterTally>) {
+    let rows = match tally.lock() {
+        Ok(mut t) if !t.is_empty() => t.drain(),
+        _ => return,
+    };
+    if let Err(e) = store.add_filtered(&rows).await {
+        tracing::warn!(error = %e, "storing the tallies of views not counted failed; will retry");
+        if let Ok(mut t) = tally.lock() {
+            t.restore(rows);
+        }
+    }
 }
 
 /// Apply the retention policy now and every hour (salts older than two days go too, so the

@@ -60,6 +60,9 @@ pub struct Metrics {
     /// Connections the server closed on a limit, by reason (`idle_timeout`, `header_timeout`,
     /// `body_timeout`, `shutdown_grace`).
     pub connections_cut: Family<ReasonLabel, Counter>,
+    /// Views not counted that could not be added to their site's tally (the tally was full
+    /// between two flushes); they are still in `tally_filtered_total`.
+    pub filtered_untallied: Counter,
 }
 
 /// Every `status` of `tally_hits_total`.
@@ -188,6 +191,12 @@ impl Metrics {
             "Connections refused with 503 at the connection cap",
             connections_refused.clone(),
         );
+        let filtered_untallied = Counter::default();
+        registry.register(
+            "filtered_untallied",
+            "Views not counted that were missing from their site's tally (tally full until its next flush)",
+            filtered_untallied.clone(),
+        );
         let connections_cut = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "connections_cut",
@@ -221,6 +230,7 @@ impl Metrics {
             connections_open,
             connections_refused,
             connections_cut,
+            filtered_untallied,
         }
     }
 

@@ -12,6 +12,7 @@ pub mod clock;
 pub mod counts;
 pub mod day;
 pub mod display;
+pub mod filtered;
 pub mod forwarded;
 pub mod gcra;
 pub mod hit;

@@ -28,11 +28,11 @@ use super::hit::{Sender, filter_reason, observe};
 use super::{ApiError, AppState};
 use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
 use crate::core::counts::present;
+use crate::core::filtered::Reason;
 use crate::core::hit::HitKind;
 use crate::core::ids::{EventId, PagePath};
 use crate::core::record::{Record, Source};
 use crate::limits::{Lane, is_image_proxy};
-use crate::metrics::ReasonLabel;
 use crate::privacy::random_bytes;
 use crate::store::Site;
 
@@ -77,11 +77,7 @@ async fn count_view(
     sender: &Sender,
 ) -> Result<ViewStatus, ApiError> {
     if let Some(reason) = filter_reason(state, sender) {
-        state
-            .metrics
-            .filtered
-            .get_or_create(&ReasonLabel { reason })
-            .inc();
+        state.not_counted(&site.id, &site.zone, reason, 1);
         state.metrics.hit("filtered");
         return Ok(ViewStatus::Filtered);
     }
@@ -124,6 +120,7 @@ async fn count_view(
         .map(|mut s| s.admit(key, now.as_millisecond()))
         .unwrap_or(true);
     if !admitted {
+        state.not_counted(&site.id, &site.zone, Reason::Suppressed, 1);
         state.metrics.hit("suppressed");
         return Ok(ViewStatus::Suppressed);
     }
@@ -132,13 +129,7 @@ async fn count_view(
         .admit(lane, sender.net, &site.id, 1, now)
         .is_err()
     {
-        state
-            .metrics
-            .filtered
-            .get_or_create(&ReasonLabel {
-                reason: "rate_limited",
-            })
-            .inc();
+        state.not_counted(&site.id, &site.zone, Reason::RateLimited, 1);
         state.metrics.hit("suppressed");
         return Ok(ViewStatus::RateLimited);
     }

@@ -32,6 +32,7 @@ use super::{ApiError, AppState};
 use crate::core::badge::group;
 use crate::core::chart::{DayPoint, daily_chart};
 use crate::core::counts::combine;
+use crate::core::filtered::{FilteredCounts, Reason};
 use crate::core::ids::PagePath;
 use crate::core::range::DayRange;
 use crate::store::Site;
@@ -49,6 +50,7 @@ pub fn api_router() -> Router<AppState> {
         .route("/api/v1/sites/{site}/series", get(series))
         .route("/api/v1/sites/{site}/top", get(top))
         .route("/api/v1/sites/{site}/events", get(events))
+        .route("/api/v1/sites/{site}/filtered", get(filtered))
 }
 
 /// Most custom event names listed (ranked in the database).
@@ -368,6 +370,80 @@ async fn events(
     }))
 }
 
+#[derive(Serialize)]
+struct FilteredResponse {
+    site: String,
+    from: String,
+    to: String,
+    /// Views not counted, by reason.
+    filtered: FilteredCounts,
+    /// Every reason summed.
+    total: u64,
+}
+
+/// Views of a site not counted over a range, by reason (bots, no user agent, repeats of a
+/// badge or pixel, over the address allowance).
+async fn filtered(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(raw): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<RangeQuery>, QueryRejection>,
+) -> Result<Json<FilteredResponse>, ApiError> {
+    let (site, range, _, _slot) = scope(&state, &raw, peer, &headers, query).await?;
+    let filtered = state
+        .filtered_counts(&site.id, range.from, range.to)
+        .await?;
+    Ok(Json(FilteredResponse {
+        site: site.id.to_string(),
+        from: range.from.to_string(),
+        to: range.to.to_string(),
+        total: filtered.total(),
+        filtered,
+    }))
+}
+
+/// One reason in the dashboard's "Not counted" panel.
+struct FilteredRowView {
+    reason: &'static str,
+    label: &'static str,
+    help: &'static str,
+    count: String,
+    share: u64,
+}
+
+fn filtered_rows(counts: &FilteredCounts) -> Vec<FilteredRowView> {
+    let top = Reason::ALL
+        .into_iter()
+        .map(|r| counts.get(r))
+        .max()
+        .unwrap_or(0);
+    Reason::ALL
+        .into_iter()
+        .map(|r| {
+            let (label, help) = match r {
+                Reason::Bot => ("Bots", "The user agent is on the bot list"),
+                Reason::EmptyUserAgent => ("No user agent", "Requests without a User-Agent"),
+                Reason::Suppressed => (
+                    "Badge/pixel repeats",
+                    "The same reader fetched a badge or pixel again within the repeat interval",
+                ),
+                Reason::RateLimited => (
+                    "Over the rate limit",
+                    "Over the sender's address allowance (hits answered 429 may be retried and counted later)",
+                ),
+            };
+            FilteredRowView {
+                reason: r.name(),
+                label,
+                help,
+                count: group(counts.get(r)),
+                share: share(counts.get(r), top),
+            }
+        })
+        .collect()
+}
+
 struct Card {
     label: &'static str,
     views: String,
@@ -413,6 +489,9 @@ struct DashboardPage {
     referrers: Vec<Row>,
     /// Custom events: name, total, and per-day counts for the hover text.
     events: Vec<EventRowView>,
+    /// Views not counted, by reason.
+    filtered: Vec<FilteredRowView>,
+    filtered_total: u64,
     public: bool,
     live_window: u32,
     /// The viewer is the admin (a sign-out button is shown).
@@ -529,6 +608,9 @@ async fn page(
     let chart = daily_chart(&daily_points(&state, &site, range).await?);
     let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
     let events = event_list(&state, &site, range).await?;
+    let not_counted = state
+        .filtered_counts(&site.id, range.from, range.to)
+        .await?;
     let top_event = events.first().map(|e| e.count).unwrap_or(0);
     let top_page = pages.first().map(|p| p.views).unwrap_or(0);
     let top_ref = referrers.first().map(|r| r.views).unwrap_or(0);
@@ -589,6 +671,8 @@ async fn page(
                 name: e.name,
             })
             .collect(),
+        filtered: filtered_rows(&not_counted),
+        filtered_total: not_counted.total(),
         public: site.public,
         live_window: state.config.live_window_secs,
         signed_in,

@@ -33,6 +33,7 @@ use tally_wire::{
 
 use super::error::json_error;
 use super::{ApiError, AppState, MAX_USER_AGENT_BYTES, check_content_type, origin, read_body};
+use crate::core::filtered::Reason;
 use crate::core::hit::{HitKind, ValidHit};
 use crate::core::ids::{DedupeKey, PagePath, SiteId};
 use crate::core::net::ClientNet;
@@ -94,12 +95,12 @@ impl Sender {
 /// Why a record is not counted although it is valid. Known image proxies (GitHub's camo and
 /// the like, which the bot list names) are not bots here: they fetch badges and pixels for
 /// human readers, within their own bounded allowance (see `limits`).
-pub fn filter_reason(state: &AppState, sender: &Sender) -> Option<&'static str> {
+pub fn filter_reason(state: &AppState, sender: &Sender) -> Option<Reason> {
     let ua = sender.user_agent.trim();
     if ua.is_empty() {
-        Some("empty_user_agent")
+        Some(Reason::EmptyUserAgent)
     } else if state.is_bot(ua) && !crate::limits::is_image_proxy(ua) {
-        Some("bot")
+        Some(Reason::Bot)
     } else {
         None
     }
@@ -149,11 +150,7 @@ async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let Checked { valid, site, keyed } = checked;
     if let Some(reason) = filter_reason(state, sender) {
-        state
-            .metrics
-            .filtered
-            .get_or_create(&crate::metrics::ReasonLabel { reason })
-            .inc();
+        state.not_counted(&site.id, &site.zone, reason, 1);
         return Ok(Prepared::Filtered(site, valid.page));
     }
     let visitor = match valid.visitor {
@@ -350,7 +347,10 @@ async fn hit(
         let hit: Hit = parse_body(&bytes)?;
         let checked = check(&state, &hit, &sender, now).await?;
         if !checked.keyed {
-            admit(&state, &sender, &[&checked.valid.site], now)?;
+            admit(&state, &sender, &[&checked.valid.site], now).inspect_err(|_| {
+                let site = &checked.site;
+                state.not_counted(&site.id, &site.zone, Reason::RateLimited, 1);
+            })?;
         }
         let (status, site, page) = match prepare(&state, checked, &sender).await? {
             Prepared::Filtered(site, page) => {
@@ -487,7 +487,11 @@ async fn events(
             .filter(|(_, c)| !c.keyed)
             .map(|(_, c)| &c.valid.site)
             .collect();
-        admit(&state, &sender, &unkeyed, now)?;
+        admit(&state, &sender, &unkeyed, now).inspect_err(|_| {
+            for (_, c) in checked.iter().filter(|(_, c)| !c.keyed) {
+                state.not_counted(&c.site.id, &c.site.zone, Reason::RateLimited, 1);
+            }
+        })?;
         let mut records = Vec::new();
         let mut slots = Vec::new();
         for (slot, c) in checked {

@@ -40,6 +40,7 @@ pub use error::ApiError;
 use crate::bots::BotList;
 use crate::config::ServeConfig;
 use crate::core::clock::Clock;
+use crate::core::filtered::{FilterTally, FilteredCounts, Reason};
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::LiveWindow;
 use crate::core::net::ClientNet;
@@ -76,6 +77,10 @@ const SUPPRESSOR_KEYS: usize = 200_000;
 /// Within this many milliseconds a known image proxy's fetches of one page count once.
 pub const PROXY_REPEAT_MS: i64 = 1000;
 
+/// Most (site, day, reason) keys of views not counted held between two flushes (4 reasons ×
+/// 2 days × 50,000 sites; the flush runs every few seconds).
+const FILTER_TALLY_KEYS: usize = 400_000;
+
 /// Most distinct visitors tracked per live key, and in total over all keys.
 const LIVE_MAX_VISITORS: usize = 100_000;
 const LIVE_MAX_VISITORS_TOTAL: usize = 400_000;
@@ -110,6 +115,8 @@ pub struct AppState {
     pub stats_slots: Arc<tokio::sync::Semaphore>,
     /// Batch bodies being read and parsed at once.
     pub batch_slots: Arc<tokio::sync::Semaphore>,
+    /// Views not counted, by site, day and reason, until the next flush to the store.
+    pub filtered: Arc<Mutex<FilterTally>>,
 }
 
 impl AppState {
@@ -143,6 +150,7 @@ impl AppState {
             batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
             config: Arc::new(config),
             bots: Arc::new(BotList::bundled()),
+            filtered: Arc::new(Mutex::new(FilterTally::new(FILTER_TALLY_KEYS))),
             bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
             ua_hasher: std::collections::hash_map::RandomState::new(),
             limits,
@@ -209,6 +217,51 @@ impl AppState {
             cache.insert(key, verdict);
         }
         verdict
+    }
+
+    /// A view of `site` not counted for `reason` (`n` of them): in `/metrics` and in the
+    /// site's tally of what was dropped (dashboard, `/api/v1/sites/{site}/filtered`).
+    pub fn not_counted(
+        &self,
+        site: &SiteId,
+        zone: &crate::core::day::SiteZone,
+        reason: Reason,
+        n: u64,
+    ) {
+        let metric = match reason {
+            Reason::Suppressed => None,
+            other => Some(other.name()),
+        };
+        if let Some(reason) = metric {
+            self.metrics
+                .filtered
+                .get_or_create(&crate::metrics::ReasonLabel { reason })
+                .inc_by(n);
+        }
+        let day = zone.day_of(self.clock.now());
+        let kept = self
+            .filtered
+            .lock()
+            .map(|mut t| t.record(site, day, reason, n))
+            .unwrap_or(false);
+        if !kept {
+            self.metrics.filtered_untallied.inc_by(n);
+        }
+    }
+
+    /// Views of `site` not counted over `from..=to`: the stored tallies and those not yet
+    /// flushed.
+    pub async fn filtered_counts(
+        &self,
+        site: &SiteId,
+        from: jiff::civil::Date,
+        to: jiff::civil::Date,
+    ) -> Result<FilteredCounts, ApiError> {
+        let mut counts = self.store.filtered(site, from, to).await?;
+        if let Ok(t) = self.filtered.lock() {
+            counts.merge(&t.pending(site, from, to));
+        }
+        Ok(counts)
     }
 
     /// A slot for one stats request (dashboard, series, top): waits up to 2 s for one of

@@ -41,7 +41,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
         ),
         (Err(StoreError::FileLost(_)), _) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the database file was moved, replaced or deleted; restore it and restart\n"
+            "not ready: the database file or its -shm was moved, replaced, truncated or deleted; restore the file if it is gone, then restart\n"
                 .to_owned(),
         ),
         (Err(e), _) => {

@@ -14,7 +14,8 @@
 //!   rewritten, so a repair never brings pruned rows back.
 //! - Everything that grows with traffic can be pruned ([`Retention`]): raw events, per-day
 //!   visitor sets, per-page per-day counters, old salts. Whole-site daily numbers and all-time
-//!   numbers are kept.
+//!   numbers are kept, and so are the tallies of views not counted (at most four
+//!   rows per site and day, like the whole-site day rows).
 //! - New distinct pages per site and local day are bounded by the backend's page cap; pages
 //!   beyond it are counted under the site's one page [`OTHER_PAGE`].
 //! - A backend's errors become [`StoreError`]; its text is logged, never sent to clients.
@@ -25,6 +26,7 @@ use jiff::civil::Date;
 use tally_wire::Numbers;
 
 use crate::core::day::SiteZone;
+use crate::core::filtered::{FilteredCounts, FilteredRow};
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::record::{Outcome, Record};
 
@@ -48,6 +50,9 @@ pub enum StoreError {
     /// would go to a file nobody will open again, so nothing is acknowledged.
     #[error("database file lost: {0}")]
     FileLost(String),
+    /// The database's files or directory cannot be written (found when opening).
+    #[error("database files unusable: {0}")]
+    Unusable(String),
 }
 
 /// How long what grows with traffic is kept, in days; 0 keeps it forever. Each non-zero value
@@ -267,6 +272,18 @@ pub trait Store: Send + Sync + 'static {
         to: Date,
         limit: u32,
     ) -> Result<Vec<EventRow>, StoreError>;
+
+    /// Add views not counted (per site, local day and reason) to the stored tallies, in ONE
+    /// transaction, in the rows' order.
+    async fn add_filtered(&self, rows: &[FilteredRow]) -> Result<(), StoreError>;
+
+    /// Views of a site not counted over the local days `from..=to`, by reason.
+    async fn filtered(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+    ) -> Result<FilteredCounts, StoreError>;
 
     /// Set the carried-over numbers of a site (`page` = None) or one page.
     async fn set_base(

@@ -649,3 +649,53 @@ async fn stats_readers_are_bounded_on_a_site_with_100k_pages() {
     assert!(peak / 1024 <= 200, "peak RSS {} MiB", peak / 1024);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_shm_file_truncated_while_serving_is_a_503_not_a_sigbus() {
+    let mut server = Binary::start(&["--auto-sites"]).await;
+    let http = client();
+    let now = jiff::Timestamp::now();
+    let first = hit_for("lost", now);
+    assert_eq!(post(&http, &server, &first).await.status(), 200);
+    // Someone truncates the shared-memory index SQLite has mapped (this used to kill the
+    // process with SIGBUS at its next access, exit 135, no log line).
+    let shm = std::path::PathBuf::from(format!("{}-shm", server.db.display()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shm)
+        .expect("shm exists while serving")
+        .set_len(0)
+        .expect("truncate");
+    let r = post(&http, &server, &hit_for("lost", now)).await;
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"], "storage_unavailable");
+    let ready = http
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 503);
+    assert!(ready.text().await.expect("text").contains("-shm"));
+    // A counts read touches the index too: refused, not a crash.
+    let r = http
+        .get(server.url("/api/v1/counts?site=lost&page=/a"))
+        .send()
+        .await
+        .expect("counts");
+    assert_eq!(r.status(), 503);
+    assert!(
+        server.child.try_wait().expect("wait").is_none(),
+        "the process is still running"
+    );
+    // A restart rebuilds the index; the acknowledged hit is there.
+    let dir = server.stop().await;
+    let server = Binary::start_in(dir.path(), &["--auto-sites"]).await;
+    let r: Value = post(&http, &server, &first)
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(r["status"], "duplicate", "acknowledged before the damage");
+    server.stop().await;
+}

@@ -259,3 +259,83 @@ async fn help_and_config_errors_print_no_secret() {
         assert!(!text.contains("Hq2"), "the error echoes the file: {text}");
     }
 }
+
+/// The exit of `serve` on a database whose side files cannot be used: a clear error naming
+/// the file, never a signal (an unwritable `-shm` is mapped read-only by SQLite and used to
+/// kill the process with SIGBUS and no log line).
+async fn refused_at_startup(cmd: &mut Command, file: &str) {
+    let out = cmd.output().await.expect("run tally");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {text}");
+    assert!(
+        out.status.code().is_some(),
+        "killed by a signal ({:?}): {text}",
+        out.status
+    );
+    assert!(text.contains(file), "{text}");
+    assert!(text.contains("read-write access"), "{text}");
+}
+
+/// A database made and closed, without its `-shm` (SQLite rebuilds it from the `-wal`).
+async fn closed_database(dir: &std::path::Path) -> std::path::PathBuf {
+    let db = dir.join("t.sqlite");
+    let options = tally::store::sqlite::StoreOptions::default();
+    drop(tally::store::sqlite::SqliteStore::open(&db, options).expect("create"));
+    let _ = std::fs::remove_file(dir.join("t.sqlite-shm"));
+    db
+}
+
+#[tokio::test]
+async fn an_unusable_shm_file_is_a_clear_startup_error_not_a_crash() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let db = closed_database(dir.path()).await;
+    let shm = dir.path().join("t.sqlite-shm");
+
+    // Not a regular file.
+    std::fs::create_dir(&shm).expect("mkdir");
+    refused_at_startup(
+        tally()
+            .arg("--db")
+            .arg(&db)
+            .args(["serve", "--listen", "127.0.0.1:0"]),
+        "t.sqlite-shm",
+    )
+    .await;
+    std::fs::remove_dir(&shm).expect("rmdir");
+
+    // A regular file this process may read but not write. Root may write anything, so as
+    // root the server runs as `nobody` (setpriv, util-linux) on a directory `nobody` owns.
+    std::fs::write(&shm, b"").expect("shm");
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+    let root = rustix::process::geteuid().is_root();
+    let mut cmd = if root {
+        let nobody = Some(rustix::process::Uid::from_raw(65534));
+        let group = Some(rustix::process::Gid::from_raw(65534));
+        for path in [dir.path(), &db] {
+            rustix::fs::chown(path, nobody, group).expect("chown to nobody");
+        }
+        let wal = dir.path().join("t.sqlite-wal");
+        if wal.exists() {
+            rustix::fs::chown(&wal, nobody, group).expect("chown to nobody");
+        }
+        // The binary may sit below a directory `nobody` cannot enter.
+        let exe = dir.path().join("tally-bin");
+        std::fs::copy(env!("CARGO_BIN_EXE_tally"), &exe).expect("copy binary");
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .env("TALLY_LOG", "warn")
+            .kill_on_drop(true);
+        cmd
+    } else {
+        tally()
+    };
+    cmd.arg("--db")
+        .arg(&db)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("TALLY_SECRET", "s".repeat(40));
+    refused_at_startup(&mut cmd, "t.sqlite-shm").await;
+}

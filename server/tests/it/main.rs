@@ -13,6 +13,7 @@ mod crash;
 mod dashboard;
 mod days;
 mod events_api;
+mod filtered;
 mod hits;
 mod import;
 mod metrics;

@@ -1,7 +1,9 @@
-//! The committed schema-v2 fixture (`tests/fixtures/tally-v2.sqlite`, written by the v2 code
-//! with [`make_v2_fixture`]) opens with the current store, after whatever migrations exist
-//! now, and answers the numbers it was made with; opening it first writes a backup copy of
-//! the unmigrated file beside it. Every future migration is tested against it.
+//! The committed fixtures of earlier schemas (`tests/fixtures/tally-v2.sqlite`,
+//! `tally-v3.sqlite`, made with [`make_fixtures`]: the current code's file with the tables later
+//! versions added dropped) open with the current store, after whatever migrations exist now,
+//! and answer the numbers they were made with; opening one first writes a backup copy of the
+//! unmigrated file beside it. Every future migration is tested against each of them: when the
+//! schema changes again, add its tables to [`ADDED_AFTER`] and commit one more fixture.
 
 use std::path::{Path, PathBuf};
 
@@ -14,9 +16,19 @@ use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
 use tally::store::{Site, Store};
 use tally_wire::Numbers;
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tally-v2.sqlite")
+fn fixture(version: i64) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/tally-v{version}.sqlite"))
 }
+
+/// What each schema version after the first fixture's added: dropping those of versions
+/// above N turns a current file into the file version N's code wrote.
+const ADDED_AFTER: [(i64, &str); 2] = [
+    (2, "DROP TABLE import_ledger;"),
+    (3, "DROP TABLE filtered;"),
+];
+
+/// The fixtures committed (and checked), by schema version.
+const FIXTURES: [i64; 2] = [2, 3];
 
 fn options() -> StoreOptions {
     StoreOptions {
@@ -69,10 +81,16 @@ fn records() -> Vec<Record> {
     out
 }
 
-/// Writes the fixture; run by hand only when the fixture must be remade by the v2 code.
+/// Writes the fixtures; run by hand only when one must be remade.
 #[tokio::test]
-#[ignore = "writes tests/fixtures/tally-v2.sqlite"]
-async fn make_v2_fixture() {
+#[ignore = "writes tests/fixtures/tally-v*.sqlite"]
+async fn make_fixtures() {
+    for version in FIXTURES {
+        make_fixture(version).await;
+    }
+}
+
+async fn make_fixture(version: i64) {
     let dir = tempfile::tempdir().expect("dir");
     let store = SqliteStore::open(&dir.path().join("t.sqlite"), options()).expect("open");
     store
@@ -97,26 +115,39 @@ async fn make_v2_fixture() {
         )
         .await
         .expect("base");
-    let _ = std::fs::remove_file(fixture());
-    store.backup_to(&fixture()).await.expect("backup");
-    // v3 is v2 plus the import ledger: without it, this is the file the v2 code wrote.
-    let conn = rusqlite::Connection::open(fixture()).expect("fixture");
-    conn.execute_batch("DROP TABLE import_ledger; PRAGMA user_version = 2; VACUUM;")
-        .expect("to v2");
+    let _ = std::fs::remove_file(fixture(version));
+    store.backup_to(&fixture(version)).await.expect("backup");
+    let conn = rusqlite::Connection::open(fixture(version)).expect("fixture");
+    let drops: String = ADDED_AFTER
+        .iter()
+        .filter(|(v, _)| *v >= version)
+        .map(|(_, sql)| *sql)
+        .collect();
+    conn.execute_batch(&format!("{drops} PRAGMA user_version = {version}; VACUUM;"))
+        .expect("to the old version");
 }
 
 #[tokio::test]
 async fn the_v2_fixture_opens_and_keeps_its_numbers() {
+    opens_and_keeps_its_numbers(2).await;
+}
+
+#[tokio::test]
+async fn the_v3_fixture_opens_and_keeps_its_numbers() {
+    opens_and_keeps_its_numbers(3).await;
+}
+
+async fn opens_and_keeps_its_numbers(fixture_version: i64) {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("tally.sqlite");
-    std::fs::copy(fixture(), &path).expect("copy fixture");
+    std::fs::copy(fixture(fixture_version), &path).expect("copy fixture");
     let store = SqliteStore::open(&path, options()).expect("open migrated");
-    let copy = tally::store::sqlite::migration_backup_path(&path, 2);
+    let copy = tally::store::sqlite::migration_backup_path(&path, fixture_version);
     let version: i64 = rusqlite::Connection::open(&copy)
         .expect("backup copy beside the file")
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("version");
-    assert_eq!(version, 2, "the copy is the unmigrated file");
+    assert_eq!(version, fixture_version, "the copy is the unmigrated file");
     let page = PagePath::parse("/a").expect("page");
     let counts = store
         .counts(&site(), &page, date(2026, 3, 1))

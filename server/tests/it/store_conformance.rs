@@ -737,6 +737,47 @@ async fn top_pages_rank_by_the_larger_source_and_limit(store: Arc<dyn Store>) {
     assert_eq!(top_views(&top), [("/a".to_owned(), 3, 3)]);
 }
 
+async fn filtered_tallies_add_up_per_site_day_and_reason(store: Arc<dyn Store>) {
+    use tally::core::filtered::{FilteredRow, Reason};
+    let (d1, d2) = (date(2026, 4, 1), date(2026, 4, 2));
+    let row = |site: &str, day, reason, count| FilteredRow {
+        site: SiteId::parse(site).expect("site"),
+        day,
+        reason,
+        count,
+    };
+    store
+        .add_filtered(&[
+            row("s", d1, Reason::Bot, 3),
+            row("s", d1, Reason::Suppressed, 2),
+            row("s", d2, Reason::Bot, 1),
+            row("other", d1, Reason::Bot, 100),
+        ])
+        .await
+        .expect("add");
+    // Adding again sums into the same keys.
+    store
+        .add_filtered(&[
+            row("s", d1, Reason::Bot, 4),
+            row("s", d2, Reason::RateLimited, 5),
+        ])
+        .await
+        .expect("add again");
+    let s = SiteId::parse("s").expect("site");
+    let one = store.filtered(&s, d1, d1).await.expect("d1");
+    assert_eq!((one.bot, one.suppressed, one.rate_limited), (7, 2, 0));
+    let both = store.filtered(&s, d1, d2).await.expect("d1..d2");
+    assert_eq!(
+        (both.bot, both.suppressed, both.rate_limited, both.total()),
+        (8, 2, 5, 15)
+    );
+    let none = store
+        .filtered(&SiteId::parse("never").expect("site"), d1, d2)
+        .await
+        .expect("unknown site");
+    assert_eq!(none.total(), 0);
+}
+
 mod sqlite_v2 {
     use super::*;
     use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
@@ -750,6 +791,16 @@ mod sqlite_v2 {
 
     fn open_at(path: &std::path::Path, options: StoreOptions) -> Arc<dyn Store> {
         Arc::new(SqliteStore::open(path, options).expect("open"))
+    }
+
+    #[tokio::test]
+    async fn filtered_tallies_add_up_per_site_day_and_reason() {
+        let dir = tempfile::tempdir().expect("dir");
+        super::filtered_tallies_add_up_per_site_day_and_reason(open_at(
+            &dir.path().join("t.sqlite"),
+            options(),
+        ))
+        .await;
     }
 
     #[tokio::test]

@@ -44,7 +44,7 @@ use guard::FileGuard;
 pub use import::{DailyImport, ImportOptions};
 use intern::{Interned, Resolver};
 use read::{
-    id_bound, insert_site, query_sites, read_counts, read_range_totals, read_series,
+    id_bound, insert_site, query_sites, read_counts, read_filtered, read_range_totals, read_series,
     read_top_events, read_top_pages, read_top_referrers,
 };
 use schema::ALL_TIME;
@@ -65,6 +65,7 @@ use super::{
     Site, Store, StoreError, VerifyReport,
 };
 use crate::core::day::SiteZone;
+use crate::core::filtered::{FilteredCounts, FilteredRow};
 use crate::core::hit::HitKind;
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::record::{Outcome, Record, Source};
@@ -229,6 +230,7 @@ fn open_reader(path: &Path) -> Result<Connection, StoreError> {
 impl SqliteStore {
     /// Open (creating or migrating if needed) the database file at `path`.
     pub fn open(path: &Path, options: StoreOptions) -> Result<Self, StoreError> {
+        guard::check_side_files(path)?;
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -266,7 +268,9 @@ impl SqliteStore {
         f: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let writer = Arc::clone(&self.writer);
+        let guard = Arc::clone(&self.guard);
         tokio::task::spawn_blocking(move || {
+            guard.check_shm()?;
             // A panic under the lock rolled its transaction back; the connection is still usable.
             let mut writer = writer
                 .lock()
@@ -283,7 +287,9 @@ impl SqliteStore {
     ) -> Result<T, StoreError> {
         let readers = Arc::clone(&self.readers);
         let path = self.path.clone();
+        let guard = Arc::clone(&self.guard);
         tokio::task::spawn_blocking(move || {
+            guard.check_shm()?;
             let taken = readers
                 .lock()
                 .map_err(|_| backend("reader pool poisoned"))?
@@ -493,6 +499,53 @@ impl Store for SqliteStore {
     ) -> Result<Vec<EventRow>, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
         self.read(move |conn| read_top_events(conn, &site, from, to, limit))
+            .await
+    }
+
+    async fn add_filtered(&self, rows: &[FilteredRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<(String, i64, i64, i64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.site.as_str().to_owned(),
+                    day_num(r.day),
+                    i64::from(r.reason.code()),
+                    i64::try_from(r.count).unwrap_or(i64::MAX),
+                )
+            })
+            .collect();
+        self.write(move |w| {
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut ids = Resolver::new(&tx, &w.ids, 0);
+            for (site, day, reason, count) in &rows {
+                let site = ids.site(site)?;
+                tx.prepare_cached(
+                    "INSERT INTO filtered (site, day, reason, count) VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT (site, day, reason) DO UPDATE SET count = count + excluded.count",
+                )?
+                .execute(params![site, day, reason, count])?;
+            }
+            let pending = ids.into_pending();
+            tx.commit()?;
+            w.ids.absorb(pending);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn filtered(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+    ) -> Result<FilteredCounts, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_filtered(conn, &site, from, to))
             .await
     }
 

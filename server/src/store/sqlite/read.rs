@@ -1,4 +1,5 @@
-//! Queries: counts, sites, daily series, range totals, top pages, referrers and events.
+//! Queries: counts, sites, daily series, range totals, top pages, referrers, events and the
+//! views not counted.
 //!
 //! Every query is limited inside the database: top pages are ranked, tie-broken and cut to
 //! `limit` by SQL (grouped in the order of the `pages` index, so no temporary b-tree holds
@@ -6,6 +7,7 @@
 //! of one scope at a time from the per-day sets.
 
 use super::*;
+use crate::core::filtered::Reason;
 
 /// The site's id and whole-site scope, if the site was ever counted.
 fn site_scope(conn: &Connection, site: &str) -> Result<Option<(i64, i64)>, StoreError> {
@@ -336,6 +338,29 @@ pub(super) fn read_top_events(
         }
         if let Some(last) = out.last_mut() {
             last.days.push((day, count));
+        }
+    }
+    Ok(out)
+}
+
+/// Views of `site` not counted over the day numbers `from..=to`, by reason.
+pub(super) fn read_filtered(
+    conn: &Connection,
+    site: &str,
+    from: i64,
+    to: i64,
+) -> Result<FilteredCounts, StoreError> {
+    let (from, to) = clamp(from, to);
+    let mut stmt = conn.prepare_cached(
+        "SELECT f.reason, SUM(f.count) FROM filtered f JOIN site_keys k ON k.id = f.site \
+         WHERE k.name = ?1 AND f.day BETWEEN ?2 AND ?3 GROUP BY f.reason",
+    )?;
+    let mut rows = stmt.query(params![site, from, to])?;
+    let mut out = FilteredCounts::default();
+    while let Some(row) = rows.next()? {
+        // A reason this version does not know (written by a newer one) is not shown.
+        if let Some(reason) = Reason::from_code(row.get(0)?) {
+            out.add(reason, u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0));
         }
     }
     Ok(out)

@@ -1,10 +1,11 @@
-//! The schema (version 3, in `PRAGMA user_version`) and the migrations from versions 1 and 2.
+//! The schema (version 4, in `PRAGMA user_version`) and the migrations from versions 1 to 3.
 //!
-//! Contract: [`prepare`] leaves the file at version 3 or fails having changed nothing. Before
+//! Contract: [`prepare`] leaves the file at version 4 or fails having changed nothing. Before
 //! it migrates an existing file it copies it beside itself (`<file>.v<N>.bak`, see `backup`).
-//! A fresh file gets the v3 tables; a v2 file gets the import ledger (v3 = v2 + `import_ledger`,
-//! the ids of imported lines, so a re-run counts nothing twice even after their raw events
-//! were pruned or never kept); a v1 file (the text-keyed schema of the first release, which never
+//! A fresh file gets the v4 tables; a v3 file gets the `filtered` table (v4 = v3 + views not
+//! counted per site, day and reason); a v2 file also gets the import ledger (v3 = v2 +
+//! `import_ledger`, the ids of imported lines, so a re-run counts nothing twice even after
+//! their raw events were pruned or never kept); a v1 file (the text-keyed schema of the first release, which never
 //! set `user_version`) is rewritten in ONE transaction with every site, salt, base, counter,
 //! visitor set, custom-event counter, raw event and prune marker preserved, checked by row
 //! counts before the old tables are dropped. A newer version is refused.
@@ -18,7 +19,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use super::StoreError;
 
 /// The schema version this code reads and writes.
-pub(super) const VERSION: i64 = 3;
+pub(super) const VERSION: i64 = 4;
 
 /// `day` of all-time rows (real days are days since 1970-01-01, never negative).
 pub(super) const ALL_TIME: i64 = -1;
@@ -93,6 +94,15 @@ pub(super) const SCHEMA_V3: &str = r"
 CREATE TABLE IF NOT EXISTS import_ledger (event_id BLOB PRIMARY KEY) WITHOUT ROWID;
 ";
 
+/// Added by v4: views not counted, per site, local day and reason (`core::filtered`); at most
+/// four rows per site and day.
+pub(super) const SCHEMA_V4: &str = r"
+CREATE TABLE IF NOT EXISTS filtered (
+    site INTEGER NOT NULL, day INTEGER NOT NULL, reason INTEGER NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (site, day, reason)
+) WITHOUT ROWID;
+";
+
 /// A v1 day text (`2026-04-01`, or `*` for all time) as a v2 day number.
 const DAY: &str = "CASE WHEN {d} = '*' THEN -1 ELSE unixepoch({d}) / 86400 END";
 
@@ -117,7 +127,8 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
     let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     match version {
         VERSION => return Ok(()),
-        2 => tx.execute_batch(SCHEMA_V3)?,
+        3 => tx.execute_batch(SCHEMA_V4)?,
+        2 => tx.execute_batch(&format!("{SCHEMA_V3}{SCHEMA_V4}"))?,
         0 => {
             let v1: Option<String> = tx
                 .query_row(
@@ -132,6 +143,7 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
                 tx.execute_batch(SCHEMA_V2)?;
             }
             tx.execute_batch(SCHEMA_V3)?;
+            tx.execute_batch(SCHEMA_V4)?;
         }
         newer => {
             return Err(StoreError::Invalid(format!(
