@@ -10,11 +10,14 @@
 //! - `abuse` measures what one hostile client costs (see [`abuse`]): legitimate throughput
 //!   and p99 alone and under a flood, the attacker's answers, disk growth, peak RSS, goals.
 //! - `memory` measures tally's peak RSS after one million distinct visitors in one day.
+//! - `import` measures a `tally import` while the server takes live load: the import's lines/s
+//!   and live p99 idle vs during the import (see [`import`]).
 //! - `baseline` is the do-nothing server `run` starts; `drive` drives a running server.
 
 mod abuse;
 mod client;
 mod drive;
+mod import;
 mod memory;
 mod mix;
 mod rng;
@@ -41,6 +44,8 @@ enum Cmd {
     Abuse(abuse::AbuseArgs),
     /// Peak RSS of tally after one million distinct visitors in one day.
     Memory(memory::MemoryArgs),
+    /// Live p99 idle vs during a `tally import` on the same database, and the import's rate.
+    Import(import::ImportArgs),
     /// The do-nothing baseline server (started by `run`).
     Baseline,
     /// Drive an already running server (for profiling).
@@ -94,6 +99,7 @@ fn main() -> anyhow::Result<()> {
                 Cmd::Run(args) => run::run(args).await,
                 Cmd::Abuse(args) => abuse::abuse(args).await,
                 Cmd::Memory(args) => memory::memory(args).await,
+                Cmd::Import(args) => import::import(args).await,
             }
         };
         // Dropping `work` drops its server handles, which kills the servers.
