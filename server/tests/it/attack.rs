@@ -390,6 +390,18 @@ fn hit_for(site: &str, now: jiff::Timestamp) -> Value {
            "url": "https://lost.example/a", "referrer": null})
 }
 
+/// `/readyz` answers 503 with `why` in its text.
+async fn not_ready_because(http: &reqwest::Client, server: &Binary, why: &str) {
+    let ready = http
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 503);
+    let text = ready.text().await.expect("text");
+    assert!(text.contains(why), "{text}");
+}
+
 async fn post(http: &reqwest::Client, server: &Binary, body: &Value) -> reqwest::Response {
     http.post(server.url("/api/v1/hit"))
         .header("content-type", "text/plain")
@@ -467,13 +479,7 @@ async fn below_the_free_disk_floor_writes_are_refused_and_reads_keep_working() {
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "60");
     assert_eq!(r.json::<Value>().await.expect("json")["error"], "disk_full");
-    let ready = http
-        .get(server.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz");
-    assert_eq!(ready.status(), 503);
-    assert!(ready.text().await.expect("text").contains("disk"));
+    not_ready_because(&http, &server, "disk").await;
     let metrics = http
         .get(server.url("/metrics"))
         .send()
@@ -670,13 +676,7 @@ async fn an_shm_file_truncated_while_serving_is_a_503_not_a_sigbus() {
     assert_eq!(r.status(), 503);
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["error"], "storage_unavailable");
-    let ready = http
-        .get(server.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz");
-    assert_eq!(ready.status(), 503);
-    assert!(ready.text().await.expect("text").contains("-shm"));
+    not_ready_because(&http, &server, "-shm").await;
     // A counts read touches the index too: refused, not a crash.
     let r = http
         .get(server.url("/api/v1/counts?site=lost&page=/a"))

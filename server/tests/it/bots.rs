@@ -4,7 +4,7 @@
 use serde_json::Value;
 use tally::bots::BotList;
 
-use crate::support::{ORIGIN, event_id_at, pageview, spawn_app};
+use crate::support::spawn_app;
 
 fn corpus(name: &str) -> Vec<String> {
     let path = format!(
@@ -45,30 +45,20 @@ async fn crawlers_are_answered_filtered_and_browsers_accepted_on_the_wire() {
     let mut app = spawn_app().await;
     let crawlers = corpus("crawlers.json");
     let browsers = corpus("browsers.json");
-    let send = |ua: String, path: String| {
-        let body = pageview(&event_id_at(app.now()), None, &path).to_string();
-        app.client
-            .post(app.url("/api/v1/hit"))
-            .header("user-agent", ua)
-            .header("content-type", "text/plain")
-            .header("origin", ORIGIN)
-            .body(body)
-            .send()
-    };
     // A sample of each (every 200th), within the default per-address allowance.
     for (i, ua) in crawlers.iter().step_by(200).enumerate() {
-        let r: Value = send(ua.clone(), format!("/c{i}"))
+        let r: Value = app
+            .post_view_as(ua, &format!("/c{i}"))
             .await
-            .expect("request")
             .json()
             .await
             .expect("json");
         assert_eq!(r["status"], "filtered", "{ua}");
     }
     for (i, ua) in browsers.iter().step_by(100).enumerate() {
-        let r: Value = send(ua.clone(), format!("/b{i}"))
+        let r: Value = app
+            .post_view_as(ua, &format!("/b{i}"))
             .await
-            .expect("request")
             .json()
             .await
             .expect("json");

@@ -3,22 +3,9 @@
 
 use serde_json::Value;
 
-use crate::support::{ORIGIN, Options, UA, event_id_at, pageview, spawn_app, spawn_app_with};
+use crate::support::{Options, UA, spawn_app, spawn_app_with};
 
 const CRAWLER: &str = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)";
-
-async fn send(app: &crate::support::TestApp, ua: &str, path: &str) -> reqwest::Response {
-    let body = pageview(&event_id_at(app.now()), None, path).to_string();
-    app.client
-        .post(app.url("/api/v1/hit"))
-        .header("user-agent", ua)
-        .header("content-type", "text/plain")
-        .header("origin", ORIGIN)
-        .body(body)
-        .send()
-        .await
-        .expect("request")
-}
 
 async fn filtered(app: &crate::support::TestApp) -> Value {
     let r = app.get("/api/v1/sites/blog/filtered?range=today").await;
@@ -34,14 +21,15 @@ async fn each_reason_is_tallied_per_site_and_survives_a_restart() {
     })
     .await;
     for i in 0..3 {
-        let r: Value = send(&app, CRAWLER, &format!("/c{i}"))
+        let r: Value = app
+            .post_view_as(CRAWLER, &format!("/c{i}"))
             .await
             .json()
             .await
             .expect("json");
         assert_eq!(r["status"], "filtered");
     }
-    let r: Value = send(&app, "", "/x").await.json().await.expect("json");
+    let r: Value = app.post_view_as("", "/x").await.json().await.expect("json");
     assert_eq!(r["status"], "filtered");
     // One browser: the badge twice (the second is a repeat), then hits past its allowance of
     // 5 per minute for this site: the badge and the first hit used 2, so 3 more are counted
@@ -58,7 +46,7 @@ async fn each_reason_is_tallied_per_site_and_survives_a_restart() {
     }
     let mut refused = 0;
     for i in 0..6 {
-        let r = send(&app, UA, &format!("/p{i}")).await;
+        let r = app.post_view_as(UA, &format!("/p{i}")).await;
         if r.status() == 429 {
             refused += 1;
         } else {

@@ -173,6 +173,20 @@ impl TestApp {
             .expect("request")
     }
 
+    /// POST a fresh anonymous page view of `path` with the user agent `ua` (empty: none).
+    pub async fn post_view_as(&self, ua: &str, path: &str) -> reqwest::Response {
+        let body = pageview(&event_id_at(self.now()), None, path).to_string();
+        self.client
+            .post(self.url("/api/v1/hit"))
+            .header("user-agent", ua)
+            .header("content-type", "text/plain")
+            .header("origin", ORIGIN)
+            .body(body)
+            .send()
+            .await
+            .expect("request")
+    }
+
     /// POST a hit and return its `status`.
     pub async fn hit_status(&self, body: &Value) -> String {
         let r = self.post_hit(body).await;
