@@ -37,11 +37,11 @@
 //!   nothing is recorded or sent, and the queue is emptied when it is set; counters are still
 //!   shown (read, not counted).
 
-use crate::json;
+use crate::json::{self, HitFields};
 use crate::ops::Flag;
 use crate::queue::{self, Head};
 use crate::{ids, retry};
-use tally_wire::{Hit, MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
+use tally_wire::{MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
 
 /// Storage key of the visitor id.
 pub const VISITOR_KEY: &str = "tally:vid";
@@ -155,17 +155,17 @@ impl Options {
     }
 }
 
-/// A `tally(kind, value, {dedupe})` call from the page.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
+/// A `tally(kind, value, {dedupe})` call from the page (its strings borrowed from the call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command<'a> {
     /// `tally('pageview')`: count a page view of the current URL.
     PageView,
     /// `tally('event', name, {dedupe})`.
     Event {
         /// The event's name (not empty).
-        name: String,
+        name: &'a str,
         /// Counted once per (site, name, dedupe) when present.
-        dedupe: Option<String>,
+        dedupe: Option<&'a str>,
     },
     /// `tally('consent', given)`: store the visitor id and queue from now on, or delete them.
     Consent(bool),
@@ -176,15 +176,20 @@ pub enum Command {
     Refresh,
 }
 
-impl Command {
+impl<'a> Command<'a> {
     /// The command of `tally(kind, value, {dedupe})`; `on` is the value's truthiness, `text`
     /// the value as text. `None` for an unknown kind or an event without a name.
-    pub fn parse(kind: &str, on: bool, text: Option<&str>, dedupe: Option<&str>) -> Option<Self> {
+    pub fn parse(
+        kind: &str,
+        on: bool,
+        text: Option<&'a str>,
+        dedupe: Option<&'a str>,
+    ) -> Option<Self> {
         Some(match kind {
             "pageview" => Command::PageView,
             "event" => Command::Event {
-                name: text?.to_owned(),
-                dedupe: dedupe.map(str::to_owned),
+                name: text?,
+                dedupe,
             },
             "consent" => Command::Consent(on),
             "ignore" => Command::Ignore(on),
@@ -279,7 +284,7 @@ impl<H: Host> Client<H> {
             Command::PageView => self.page_view(None),
             Command::Event { name, dedupe } => {
                 let url = self.host.href();
-                self.record(TYPE_EVENT, url, String::new(), Some(name), dedupe, false);
+                self.record(TYPE_EVENT, &url, "", Some(name), dedupe, false);
             }
             Command::Consent(given) => self.consent(given),
             Command::Ignore(on) => self.ignore(on),
@@ -452,16 +457,16 @@ impl<H: Host> Client<H> {
             return;
         }
         let counts = self.host.wants_counts(self.opts.busuanzi);
-        self.record(TYPE_PAGEVIEW, url, referrer, None, None, counts);
+        self.record(TYPE_PAGEVIEW, &url, &referrer, None, None, counts);
     }
 
     fn record(
         &mut self,
         kind: &str,
-        url: String,
-        referrer: String,
-        name: Option<String>,
-        dedupe: Option<String>,
+        url: &str,
+        referrer: &str,
+        name: Option<&str>,
+        dedupe: Option<&str>,
         counts: bool,
     ) {
         if self.opts.ignored {
@@ -471,19 +476,17 @@ impl<H: Host> Client<H> {
         let mut random = [0u8; 10];
         self.host.random(&mut random);
         let id = ids::event_id(now, random);
-        let hit = Hit {
-            site: self.opts.site.clone(),
-            kind: kind.to_owned(),
-            event_id: id.clone(),
-            visitor_id: self.visitor.clone(),
+        let referrer = clip(referrer);
+        let body = json::hit(&HitFields {
+            site: &self.opts.site,
+            kind,
+            event_id: &id,
+            visitor_id: self.visitor.as_deref(),
             url: clip(url),
-            referrer: Some(clip(referrer)).filter(|r| !r.is_empty()),
+            referrer: (!referrer.is_empty()).then_some(referrer),
             name,
             dedupe,
-        };
-        let Ok(body) = json::to_string(&hit) else {
-            return;
-        };
+        });
         if body.len() > MAX_HIT_BYTES {
             return; // the collector would refuse it (413); retrying cannot help
         }
@@ -575,18 +578,18 @@ fn random_u32(host: &impl Host) -> u32 {
 }
 
 /// Cuts the query and fragment off an over-long URL (the page key is the path anyway).
-fn clip(mut url: String) -> String {
+fn clip(url: &str) -> &str {
     let b = url.as_bytes();
-    if b.len() > MAX_URL_CHARS {
-        // An index loop: iterator adapters cost several times more WebAssembly here.
-        let mut i = 0;
-        while i < b.len() && b[i] != b'?' && b[i] != b'#' {
-            i += 1;
-        }
-        // Cut at an ASCII byte: a char boundary.
-        url.truncate(i);
+    if b.len() <= MAX_URL_CHARS {
+        return url;
     }
-    url
+    // An index loop: iterator adapters cost several times more WebAssembly here.
+    let mut i = 0;
+    while i < b.len() && b[i] != b'?' && b[i] != b'#' {
+        i += 1;
+    }
+    // Cut at an ASCII byte: a char boundary.
+    url.get(..i).unwrap_or(url)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use crate::ops::Flag;
 use crate::queue::Entry;
 use std::cell::Cell;
 use std::collections::HashMap;
+use tally_wire::Hit;
 
 const T0: u64 = 1_750_000_000_000;
 const API: &str = "https://c.example";
