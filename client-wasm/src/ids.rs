@@ -10,6 +10,9 @@
 //!   `Uuid::to_string` pulls in `core::fmt` (~18 KB of WebAssembly), and setting the version
 //!   and variant bits here costs less than `uuid::Builder`.
 
+/// Lowercase hex digits (also used by `json`).
+pub const HEX: &[u8; 16] = b"0123456789abcdef";
+
 /// A random (version 4) UUID: the anonymous visitor id kept in storage.
 pub fn visitor_id(random: [u8; 16]) -> String {
     hyphenated(random, 0x40)
@@ -32,7 +35,6 @@ pub fn event_id(unix_ms: u64, random: [u8; 10]) -> String {
 /// The canonical 8-4-4-4-12 lowercase form of `b`, stamped with `version` (its high
 /// nibble in byte 6) and the RFC 9562 variant (`10` in the high bits of byte 8).
 fn hyphenated(mut b: [u8; 16], version: u8) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     b[6] = b[6] & 0x0f | version;
     b[8] = b[8] & 0x3f | 0x80;
     // Index loops: iterator adapters cost several times more WebAssembly here.

@@ -1,18 +1,22 @@
 //! A deliberately tiny JSON writer: the one JSON the client writes, a hit.
 //!
 //! Contract:
-//! - [`hit`] writes a `tally_wire::Hit` as compact JSON (no whitespace, non-ASCII passed
-//!   through as UTF-8, control characters escaped), byte for byte as `serde_json::to_string`
-//!   writes it from the wire type's serde derive: the same field names, in the same order,
-//!   `null` for an absent `visitor_id` or `referrer`, no `name` or `dedupe` when absent. The
-//!   tests hold it to that for every shape of hit, so the derive stays the one definition of
-//!   the format. Nothing here panics.
+//! - [`hit`] writes the fields of a `tally_wire::Hit` as compact JSON with the wire type's
+//!   serde derive as the one definition of the format: the same field names in the same
+//!   order, `null` for an absent `visitor_id` or `referrer`, no `name` or `dedupe` when absent.
+//!   Strings are copied as they are (non-ASCII as UTF-8) but for `"`, `\` and the control
+//!   characters below U+0020, each written as `\u00XX`: valid JSON that `serde_json` reads
+//!   back to the same hit, and otherwise byte for byte what `serde_json::to_string` writes
+//!   (the tests hold it to both). Nothing here panics.
 //! - The client reads no JSON: the one answer it looks into (the counts for in-page
 //!   counters) is handed to the browser's own `JSON.parse` in `js/host.js`.
 //!
-//! Why not serde: `serde_json` adds ~36 KB to the WebAssembly module, more than four times
-//! the whole size budget, and even a minimal serde `Serializer` of our own cost ~N B gzip of
-//! generic code for one struct (see ARCHITECTURE.md, "The browser client").
+//! Why by hand: `serde_json` adds ~36 KB to the WebAssembly module, more than four times the
+//! whole size budget; a minimal serde `Serializer` of our own still cost 297 B gzip more than
+//! this writer over borrowed strings, and the short escapes (`\n`, `\"`, ...) 106 B more than
+//! one escape form (see ARCHITECTURE.md, "Size").
+
+use crate::ids::HEX;
 
 /// The fields of one hit, borrowed from wherever the client keeps them: `tally_wire::Hit`
 /// without the copies (its field names, its meaning).
@@ -82,9 +86,9 @@ pub fn push_u64(out: &mut String, mut n: u64) {
     }
 }
 
-/// Appends `s` as a JSON string literal, quotes included.
+/// Appends `s` as a JSON string literal, quotes included: `"`, `\` and the control
+/// characters as `\u00XX`, everything else as it is.
 pub fn push_str(out: &mut String, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
     // Byte by byte: only ASCII bytes are ever escaped, so every cut below is at a char
     // boundary and the runs in between (UTF-8 included) are copied as they are.
@@ -92,24 +96,11 @@ pub fn push_str(out: &mut String, s: &str) {
     let (mut run, mut i) = (0, 0);
     while i < b.len() {
         let c = b[i];
-        let short = match c {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            8 => "\\b",
-            12 => "\\f",
-            0..=31 => "\\u00",
-            _ => "",
-        };
-        if !short.is_empty() {
+        if c < 32 || c == b'"' || c == b'\\' {
             out.push_str(&s[run..i]);
-            out.push_str(short);
-            if short.len() > 2 {
-                out.push(char::from(HEX[usize::from(c >> 4)]));
-                out.push(char::from(HEX[usize::from(c & 15)]));
-            }
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(c >> 4)]));
+            out.push(char::from(HEX[usize::from(c & 15)]));
             run = i + 1;
         }
         i += 1;
@@ -153,7 +144,7 @@ mod tests {
             kind: "pageview".into(),
             event_id: "0190b2a0-0000-7000-8000-000000000000".into(),
             visitor_id: None,
-            url: "https://a.example/p?q=\"x\"\n\u{1f}\u{7f}".into(),
+            url: "https://a.example/p?q=\"x\"\n\u{1f}\\\u{7f}".into(),
             referrer: Some("https://b.example/é😀".into()),
             name: None,
             dedupe: None,
@@ -164,15 +155,18 @@ mod tests {
     fn hit_is_written_as_the_wire_format_says() {
         assert_eq!(
             hit(&fields(&page_view())),
-            "{\"site\":\"blog\",\"type\":\"pageview\",\"event_id\":\"0190b2a0-0000-7000-8000-000000000000\",\"visitor_id\":null,\"url\":\"https://a.example/p?q=\\\"x\\\"\\n\\u001f\u{7f}\",\"referrer\":\"https://b.example/é😀\"}"
+            "{\"site\":\"blog\",\"type\":\"pageview\",\"event_id\":\"0190b2a0-0000-7000-8000-000000000000\",\"visitor_id\":null,\"url\":\"https://a.example/p?q=\\u0022x\\u0022\\u000a\\u001f\\u005c\u{7f}\",\"referrer\":\"https://b.example/é😀\"}"
         );
     }
 
     #[test]
-    fn output_matches_serde_json_for_every_hit_shape() {
-        let texts = ["", "v", "sign\u{1}up\\\t\r\u{8}\u{c}\"é😀\u{7f}/<"];
+    fn output_is_what_serde_json_writes_and_reads_for_every_hit_shape() {
+        // Without characters to escape, byte for byte serde_json's output; with them, JSON that
+        // serde_json reads back to the same hit.
+        let plain = ["", "v", "é😀\u{7f}/<>'&%20"];
+        let escaped = ["sign\u{1}up\\\t\r\u{8}\u{c}\"é😀\u{7f}", "\"\"\\\n"];
         for bits in 0..16 {
-            for text in texts {
+            for text in plain.into_iter().chain(escaped) {
                 let some = |bit: u32| (bits & bit != 0).then(|| text.to_owned());
                 let h = Hit {
                     kind: if bits & 4 != 0 { "event" } else { "pageview" }.into(),
@@ -184,23 +178,27 @@ mod tests {
                     ..page_view()
                 };
                 let ours = hit(&fields(&h));
-                assert_eq!(ours, serde_json::to_string(&h).expect("serde_json"));
+                if plain.contains(&text) {
+                    assert_eq!(ours, serde_json::to_string(&h).expect("serde_json"));
+                }
                 assert_eq!(serde_json::from_str::<Hit>(&ours).expect("reads back"), h);
             }
         }
     }
 
     #[test]
-    fn every_control_character_is_escaped() {
-        let all: String = (0..=0x7f_u8).map(char::from).collect();
-        let h = Hit {
-            url: all,
-            ..page_view()
-        };
-        assert_eq!(
-            hit(&fields(&h)),
-            serde_json::to_string(&h).expect("serde_json")
-        );
+    fn escapes_quote_backslash_and_control_characters_only() {
+        for c in (0..=0x7f_u8).map(char::from).chain(['é', '😀', '\u{2028}']) {
+            let mut out = String::new();
+            push_str(&mut out, &c.to_string());
+            if c < ' ' || c == '"' || c == '\\' {
+                assert_eq!(out, format!("\"\\u{:04x}\"", c as u32));
+            } else {
+                assert_eq!(out, format!("\"{c}\""));
+            }
+            let back: String = serde_json::from_str(&out).expect("valid JSON");
+            assert_eq!(back, c.to_string());
+        }
     }
 
     #[test]
