@@ -49,11 +49,12 @@ export function rand(bytes) {
   crypto.getRandomValues(bytes);
 }
 
+// An absent key (or a storage that throws) reads as ''.
 export function load(session, key) {
   try {
-    return storageArea(session).getItem(key);
+    return storageArea(session).getItem(key) || '';
   } catch (e) {
-    return null;
+    return '';
   }
 }
 

@@ -77,8 +77,9 @@ pub trait Host {
     fn now_ms(&self) -> u64;
     /// Fills `buf` with cryptographically random bytes.
     fn random(&self, buf: &mut [u8]);
-    /// Reads a key; `None` when absent or when the storage throws.
-    fn load(&self, area: Area, key: &str) -> Option<String>;
+    /// Reads a key; empty when absent or when the storage throws (an empty value is never
+    /// stored: [`Host::save`] removes the key instead).
+    fn load(&self, area: Area, key: &str) -> String;
     /// Writes a key (an empty value removes it); false when the storage throws.
     fn save(&mut self, area: Area, key: &str, value: &str) -> bool;
     /// POSTs `body` as `text/plain` to `{api}/api/v1/hit?t=<ms>[&counts=1]` (`t` defeats
@@ -394,8 +395,8 @@ impl<H: Host> Client<H> {
 
     /// Whether consent was given on an earlier page (read only: nothing is written before).
     fn consented(&self) -> bool {
-        self.host.load(Area::Local, CONSENT_KEY).is_some()
-            || self.host.load(Area::Session, CONSENT_KEY).is_some()
+        !self.host.load(Area::Local, CONSENT_KEY).is_empty()
+            || !self.host.load(Area::Session, CONSENT_KEY).is_empty()
     }
 
     /// Deletes the visitor id, queue and consent from a storage area.
@@ -418,8 +419,7 @@ impl<H: Host> Client<H> {
 
     /// Whether a storage area takes a write and reads it back (the probe is removed again).
     fn works(&mut self, area: Area) -> bool {
-        let ok = self.host.save(area, PROBE_KEY, "1")
-            && self.host.load(area, PROBE_KEY).as_deref() == Some("1");
+        let ok = self.host.save(area, PROBE_KEY, "1") && self.host.load(area, PROBE_KEY) == "1";
         if ok {
             self.host.save(area, PROBE_KEY, "");
         }
@@ -427,21 +427,22 @@ impl<H: Host> Client<H> {
     }
 
     fn visitor_id(&mut self) -> String {
-        if let Store::Area(area) = self.store
-            && let Some(id) = self
-                .host
-                .load(area, VISITOR_KEY)
-                .filter(|id| ids::is_uuid(id))
-        {
+        let Store::Area(area) = self.store else {
+            return self.new_visitor_id();
+        };
+        let id = self.host.load(area, VISITOR_KEY);
+        if ids::is_uuid(&id) {
             return id;
         }
+        let id = self.new_visitor_id();
+        self.host.save(area, VISITOR_KEY, &id);
+        id
+    }
+
+    fn new_visitor_id(&self) -> String {
         let mut random = [0u8; 16];
         self.host.random(&mut random);
-        let id = ids::visitor_id(random);
-        if let Store::Area(area) = self.store {
-            self.host.save(area, VISITOR_KEY, &id);
-        }
-        id
+        ids::visitor_id(random)
     }
 
     /// Counts a page view of the current URL, asking for the counts when the page shows
@@ -553,7 +554,7 @@ impl<H: Host> Client<H> {
 
     fn load_queue(&self) -> String {
         match self.store {
-            Store::Area(area) => self.host.load(area, QUEUE_KEY).unwrap_or_default(),
+            Store::Area(area) => self.host.load(area, QUEUE_KEY),
             Store::Memory => self.memory.clone(),
         }
     }
