@@ -228,8 +228,9 @@ pub struct Client<H> {
     visitor: Option<String>,
     /// The queue's text when `store` is memory.
     memory: String,
-    /// The page view whose answer fills the in-page counters.
-    counts_for: Option<String>,
+    /// Event id of the page view whose answer fills the in-page counters (empty: none; an
+    /// event id never is).
+    counts_for: String,
     /// URL of the last counted page view: SPA change detection and SPA referrer.
     page: String,
     /// When the earliest pending [`Host::schedule`] fires (0: none pending).
@@ -246,7 +247,7 @@ impl<H: Host> Client<H> {
             store: Store::Memory,
             visitor: None,
             memory: String::new(),
-            counts_for: None,
+            counts_for: String::new(),
             page: String::new(),
             timer_at: 0,
         };
@@ -263,7 +264,8 @@ impl<H: Host> Client<H> {
         let auto = client.opts.auto;
         client.host.listen(auto && client.opts.spa);
         if auto {
-            client.page_view(None);
+            let referrer = client.host.referrer();
+            client.page_view(referrer);
         }
         client.tick();
         client
@@ -282,7 +284,7 @@ impl<H: Host> Client<H> {
     /// Runs a `tally(...)` command.
     pub fn command(&mut self, command: Command) {
         match command {
-            Command::PageView => self.page_view(None),
+            Command::PageView => self.page_view(self.host.referrer()),
             Command::Event { name, dedupe } => {
                 let url = self.host.href();
                 self.record(TYPE_EVENT, &url, "", Some(name), dedupe, false);
@@ -298,7 +300,7 @@ impl<H: Host> Client<H> {
     /// else the counts are read from the collector.
     pub fn refresh(&mut self) {
         let busuanzi = self.opts.busuanzi;
-        if self.counts_for.is_none() && self.host.wants_counts(busuanzi) {
+        if self.counts_for.is_empty() && self.host.wants_counts(busuanzi) {
             self.host.peek(&self.opts.api, &self.opts.site, busuanzi);
         }
     }
@@ -347,7 +349,7 @@ impl<H: Host> Client<H> {
     pub fn navigate(&mut self, how: Navigation) {
         if !self.host.same_page(&self.page, how == Navigation::Replace) {
             let previous = std::mem::take(&mut self.page);
-            self.page_view(Some(previous));
+            self.page_view(previous);
         }
     }
 
@@ -364,8 +366,8 @@ impl<H: Host> Client<H> {
         };
         self.pass(String::new(), false, id, wait);
         // Settled: its counts, if any, are no longer on their way (a refresh reads them).
-        if !retry && self.counts_for.as_deref() == Some(id) {
-            self.counts_for = None;
+        if !retry && self.counts_for == id {
+            self.counts_for.clear();
             if (200..300).contains(&status)
                 && let Some(body) = body
             {
@@ -445,14 +447,14 @@ impl<H: Host> Client<H> {
         ids::visitor_id(random)
     }
 
-    /// Counts a page view of the current URL, asking for the counts when the page shows
-    /// them; an ignored browser counts nothing and reads the counts instead.
-    fn page_view(&mut self, referrer: Option<String>) {
+    /// Counts a page view of the current URL coming from `referrer` (the document's referrer,
+    /// or the URL an SPA navigation left), asking for the counts when the page shows them; an
+    /// ignored browser counts nothing and reads the counts instead.
+    fn page_view(&mut self, referrer: String) {
         let url = self.host.href();
-        let referrer = referrer.unwrap_or_else(|| self.host.referrer());
         self.page = url.clone();
         // Counters now show this page: an earlier page view's answer no longer fills them.
-        self.counts_for = None;
+        self.counts_for.clear();
         if self.opts.ignored {
             self.refresh();
             return;
@@ -492,7 +494,7 @@ impl<H: Host> Client<H> {
             return; // the collector would refuse it (413); retrying cannot help
         }
         if counts {
-            self.counts_for = Some(id.clone());
+            self.counts_for = id.clone();
         }
         // Due now: the pass below sends it (after anything older that is due).
         let head = Head {
@@ -533,7 +535,7 @@ impl<H: Host> Client<H> {
             if h.due <= now {
                 let api = &self.opts.api;
                 if !hiding {
-                    let counts = self.counts_for.as_deref() == Some(id);
+                    let counts = self.counts_for == id;
                     self.host.send(api, counts, body, id);
                     h.due = now + LEASE_MS;
                 } else if self.host.beacon(api, body) {
