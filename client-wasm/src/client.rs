@@ -224,8 +224,8 @@ pub struct Client<H> {
     host: H,
     opts: Options,
     store: Store,
-    /// The anonymous visitor id, `None` with storage off.
-    visitor: Option<String>,
+    /// The anonymous visitor id, empty with storage off (sent as `null`).
+    visitor: String,
     /// The queue's text when `store` is memory.
     memory: String,
     /// Event id of the page view whose answer fills the in-page counters (empty: none; an
@@ -245,7 +245,7 @@ impl<H: Host> Client<H> {
             host,
             opts,
             store: Store::Memory,
-            visitor: None,
+            visitor: String::new(),
             memory: String::new(),
             counts_for: String::new(),
             page: String::new(),
@@ -329,7 +329,7 @@ impl<H: Host> Client<H> {
             self.forget(Area::Session);
             self.opts.storage = false;
             self.store = Store::Memory;
-            self.visitor = None;
+            self.visitor.clear();
             self.memory = queued;
         }
     }
@@ -392,7 +392,7 @@ impl<H: Host> Client<H> {
     /// Picks the storage area and restores or creates the visitor id there.
     fn use_storage(&mut self) {
         self.store = self.pick_store();
-        self.visitor = Some(self.visitor_id());
+        self.visitor = self.visitor_id();
     }
 
     /// Whether consent was given on an earlier page (read only: nothing is written before).
@@ -484,7 +484,7 @@ impl<H: Host> Client<H> {
             site: &self.opts.site,
             kind,
             event_id: &id,
-            visitor_id: self.visitor.as_deref(),
+            visitor_id: (!self.visitor.is_empty()).then_some(&self.visitor),
             url: clip(url),
             referrer: (!referrer.is_empty()).then_some(referrer),
             name,
