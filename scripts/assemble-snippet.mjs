@@ -146,7 +146,7 @@ const terse = async (code, module) => {
     module,
     ecma: 2020,
     toplevel: module,
-    compress: { passes: 3, unsafe_arrows: true, ...JSON.parse(process.env.TX || '{}') },
+    compress: { passes: 3, unsafe_arrows: true },
     mangle: true,
     format: { comments: false },
   });

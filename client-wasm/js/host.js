@@ -8,9 +8,10 @@
 // null/false, a failed fetch becomes an answer with status 0, and every call back into the
 // module is wrapped so a fault there cannot reach the page.
 
-// Calls the module. Arguments an operation does not use are 0 and '' (never undefined, which
-// would arrive as the text "undefined").
-function callModule(op, s = 0, w = 0, a = '', b = '', c = '') {
+// Calls the module. Arguments an operation does not use may be left out: the glue passes a
+// missing number as NaN (0 in an integer parameter, read as 0 in `w`) and a missing string as
+// '' (TextEncoder.encode's default).
+function callModule(op, s, w, a, b, c) {
   try {
     run(op, s, w, a, b, c);
   } catch (e) {}
