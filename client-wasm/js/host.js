@@ -5,7 +5,7 @@
 // import, so `run` below is the glue's own export; it replaces every Op.Name and Num.Name with
 // the number src/ops.rs defines (where each operation and its arguments are written down
 // once), strips full-line comments and minifies. Nothing here throws: storage errors become
-// null/false, a failed fetch becomes an answer with status 0, and every call back into the
+// ''/false, a failed fetch becomes an answer with status 0, and every call back into the
 // module is wrapped so a fault there cannot reach the page.
 
 // Calls the module. Arguments an operation does not use may be left out: the glue passes a

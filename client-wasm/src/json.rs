@@ -22,13 +22,21 @@ use crate::ids::HEX;
 /// without the copies (its field names, its meaning).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HitFields<'a> {
+    /// `site`: the site id.
     pub site: &'a str,
+    /// `type`: `pageview` or `event`.
     pub kind: &'a str,
+    /// `event_id`: the hit's UUIDv7.
     pub event_id: &'a str,
+    /// `visitor_id`: the visitor's UUID, `null` when absent.
     pub visitor_id: Option<&'a str>,
+    /// `url`: the page's URL.
     pub url: &'a str,
+    /// `referrer`: the referring URL, `null` when absent.
     pub referrer: Option<&'a str>,
+    /// `name`: an event's name, left out when absent.
     pub name: Option<&'a str>,
+    /// `dedupe`: an event's dedupe key, left out when absent.
     pub dedupe: Option<&'a str>,
 }
 
