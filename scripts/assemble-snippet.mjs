@@ -68,26 +68,25 @@ const must = (re, by) => {
 };
 
 // 3. Replace wasm-bindgen's general-purpose runtime with the small subset this page needs
-//    (~0.8 KB gzip): one instantiation path (a URL from the loader, bytes from the smoke test
-//    below; streaming, with the arrayBuffer fallback for servers that send the wrong MIME
-//    type), memory views made on use instead of cached and invalidated, strings passed with one
-//    TextEncoder.encode, and no free-on-exception paths in the exports (passing a string can
-//    only fail when the module is out of memory, and the loader catches that).
+//    (~0.8 KB gzip): one instantiation path (the default export takes the module's URL, which
+//    the loader gives; streaming, with the arrayBuffer fallback for servers that send the wrong
+//    MIME type), memory views made on use instead of cached and invalidated, strings passed
+//    with one TextEncoder.encode, and no free-on-exception paths in the exports (passing a
+//    string can only fail when the module is out of memory, and the loader catches that).
 const fn = (name, body) => must(new RegExp(`^function ${name}\\([^)]*\\) \\{\\n[\\s\\S]*?^\\}\\n`, 'm'), body + '\n');
+// wasm-bindgen exports a start function only when it has something to set up (an externref
+// table, which the module has only when built with reference types).
+const start = /wasm\.__wbindgen_start\(\)/.test(glue) ? '\n  wasm.__wbindgen_start();' : '';
 must(/^let wasmModule, wasmInstance, wasm;\n[\s\S]*$/m, `let wasm;
-async function __wbg_init({ module_or_path: m }) {
+export default async function (url) {
   const i = __wbg_get_imports();
-  const { instance } = await (m instanceof URL
-    ? fetch(m).then((r) => {
-        if (!r.ok) throw new Error('failed to fetch Wasm: ' + r.status);
-        return WebAssembly.instantiateStreaming(r.clone(), i).catch(() => r.arrayBuffer().then((b) => WebAssembly.instantiate(b, i)));
-      })
-    : WebAssembly.instantiate(m, i));
-  wasm = instance.exports;
-  wasm.__wbindgen_start();
+  const r = await fetch(url);
+  if (!r.ok) throw new Error('failed to fetch Wasm: ' + r.status);
+  const { instance } = await WebAssembly.instantiateStreaming(r.clone(), i)
+    .catch(() => r.arrayBuffer().then((b) => WebAssembly.instantiate(b, i)));
+  wasm = instance.exports;${start}
   return wasm;
 }
-export { __wbg_init as default };
 `);
 must(/^let cachedDataViewMemory0 = null;\n/m, '');
 must(/^let cachedUint8ArrayMemory0 = null;\n/m, '');
@@ -103,6 +102,15 @@ fn('passStringToWasm0', `function passStringToWasm0(arg, malloc) {
 }`);
 must(/, wasm\.__wbindgen_realloc/g, '');
 must(/^    try \{\n([\s\S]*?)^    \} catch \(e\) \{\n[\s\S]*?^        throw e;\n    \}\n/gm, '$1');
+// The export run(op, s, w, a, b, c) (src/web.rs): wasm-bindgen's wrapper copies the three
+// strings into the module's memory one by one into locals, then calls; JavaScript evaluates
+// arguments left to right, so each (pointer, length) pair can be made in the call itself.
+must(/^export function run\(op, s, w, a, b, c\) \{\n[\s\S]*?^    wasm\.run\(val4, val5, val6, ptr0, len0, ptr1, len1, ptr2, len2\);\n\}\n/m,
+  `export function run(op, s, w, a, b, c) {
+  const str = (x) => passStringToWasm0(x, wasm.__wbindgen_malloc);
+  wasm.run(op, s, w, str(a), WASM_VECTOR_LEN, str(b), WASM_VECTOR_LEN, str(c), WASM_VECTOR_LEN);
+}
+`);
 
 // 4. Apply the one-letter wasm import/export names that build-snippet.sh gave the module
 //    (wasm-opt --minify-imports-and-exports-and-modules; its mapping is BINDGEN_DIR/names.json):
@@ -191,8 +199,9 @@ ${embed('The WebAssembly module', 'WASM', wasmName)}
 `,
 );
 
-// 7. Smoke test: the module instantiates against the glue's imports.
+// 7. Smoke test: the module instantiates against the glue's imports (node's fetch reads a
+//    data: URL).
 const mod = await import(join(outDir, glueName));
-await mod.default({ module_or_path: wasm });
+await mod.default(new URL('data:application/wasm;base64,' + wasm.toString('base64')));
 for (const f of ['run']) if (typeof mod[f] !== 'function') throw new Error(`glue lacks ${f}`);
 console.error(`[snippet] wrote ${outDir}: tally.js, ${glueName}, ${wasmName}, manifest.rs`);

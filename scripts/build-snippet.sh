@@ -58,6 +58,11 @@ else
 fi
 
 # --- 2. compile -------------------------------------------------------------------------
+# No reference types (on by default for wasm32 since Rust 1.82): the module passes no
+# JavaScript objects, and without them wasm-bindgen makes no externref table, with its
+# initialiser import and start export (74 B gzip in all).
+CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="${CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS:-} -Ctarget-feature=-reference-types"
+export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS
 log "mode=$MODE: ${BUILD[*]} -p tally-client --lib --profile wasm"
 # Keep the target_features section (strip=true drops it and wasm-bindgen then guesses);
 # wasm-bindgen removes names and producers below, wasm-opt the rest.
@@ -92,14 +97,17 @@ for unused in __wbindgen_free __wbindgen_realloc __abort_handler __instance_term
   "$WASM_OPT" "${FEATURES[@]}" --remove-exports="$unused" "$TMP/tally_client_bg.wasm" -o "$TMP/opt.wasm"
   mv "$TMP/opt.wasm" "$TMP/tally_client_bg.wasm"
 done
-"$WASM_OPT" -Oz --converge "${FEATURES[@]}" "$TMP/tally_client_bg.wasm" -o "$TMP/opt.wasm"
+# --low-memory-unused: the module never touches its lowest 1 KB (Rust's linker puts the stack
+# top at 1 MB, growing down, and data above it; Emscripten passes this flag for the same
+# layout), so wasm-opt may fold constant offsets into loads and stores.
+"$WASM_OPT" -Oz --converge --low-memory-unused "${FEATURES[@]}" "$TMP/tally_client_bg.wasm" -o "$TMP/opt.wasm"
 # One-letter import, export and module names (wasm-bindgen's import names carry a 16-hex hash
 # each); the mapping goes to names.json, which assemble-snippet.mjs applies to the glue.
 # The target_features section has served its purpose (wasm-bindgen read it): drop it, and run
 # -Oz once more over the renamed module.
 "$WASM_OPT" "${FEATURES[@]}" --minify-imports-and-exports-and-modules "$TMP/opt.wasm" \
   -o "$TMP/min.wasm" > "$TMP/names.json"
-"$WASM_OPT" "${FEATURES[@]}" --strip-target-features -Oz --converge "$TMP/min.wasm" \
+"$WASM_OPT" "${FEATURES[@]}" --strip-target-features -Oz --converge --low-memory-unused "$TMP/min.wasm" \
   -o "$TMP/tally_client_bg.wasm"
 
 # --- 5. assemble into static/ -----------------------------------------------------------

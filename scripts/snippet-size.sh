@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# snippet-size.sh - the size benchmark of the browser snippet: the bytes a browser receives for
-# the loader, the glue and the wasm in static/ (or DIR). The collector serves each file
-# precompressed (server/src/http/assets.rs): brotli (NAME.br) to browsers that accept it
-# (every current browser, over https), gzip (NAME.gz, zopfli) to the others (browsers offer br
-# only over https, so plain-http pages get gzip). The budget of SPEC §3 (loader <= 1 KB,
-# everything a page downloads <= 8 KB; 1 KB = 1024 bytes) is checked on brotli, what a page
-# on an https collector receives; the gzip figures are reported beside it, with how far they
-# are from the budget. Also shows `gzip -9` of each file: the measure used before the files
-# were precompressed.
+# snippet-size.sh - the size benchmark of the browser snippet: the bytes of the loader, the glue
+# and the wasm in static/ (or DIR), against the budget of SPEC §3: "gzip -9, measured by a
+# benchmark": loader <= 1 KB, everything a page downloads <= 8 KB (1 KB = 1024 bytes).
+# The verdict is on `gzip -9` of each file (the file name gzip stores in its header included,
+# ~10-25 B per file, so the figure errs high). Reported beside it, the bytes the collector
+# actually sends (server/src/http/assets.rs serves each file precompressed): NAME.gz (zopfli,
+# to browsers without brotli, e.g. on plain http, where browsers do not offer it) and NAME.br
+# (brotli, every current browser over https). Both are normally smaller than gzip -9; the
+# script checks them against the same budget too, so what is served never exceeds it either.
 #   scripts/snippet-size.sh [DIR]      exit 1 when over budget
 set -euo pipefail
 DIR=${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/static}
@@ -26,7 +26,7 @@ row() {
   raw=$(stat -c%s "$2") gz=$(stat -c%s "$2.gz") br=$(stat -c%s "$2.br") g9=$(gzip -9c "$2" | wc -c)
   printf '%-8s %-26s %7d %9d %9d %8d\n' "$1" "$(basename "$2")" "$raw" "$gz" "$br" "$g9"
   total_raw=$((total_raw + raw)) total_gz=$((total_gz + gz)) total_br=$((total_br + br)) total_g9=$((total_g9 + g9))
-  [[ $1 != loader ]] || loader_gz=$gz loader_br=$br
+  [[ $1 != loader ]] || loader_g9=$g9 loader_gz=$gz loader_br=$br
 }
 row loader "$DIR/tally.js"
 row glue "${glue[0]}"
@@ -34,15 +34,15 @@ row wasm "${wasm[0]}"
 printf '%-8s %-26s %7d %9d %9d %8d\n' total "" "$total_raw" "$total_gz" "$total_br" "$total_g9"
 status=0
 verdict() {
-  if (($2 <= $3)); then echo "ok   $1 (brotli): $2 <= $3 bytes received"
-  else echo "OVER $1 (brotli): $2 > $3 bytes received"; status=1; fi
+  if (($2 <= $3)); then echo "ok   $1 (gzip -9): $2 <= $3 bytes ($(($3 - $2)) to spare)"
+  else echo "OVER $1 (gzip -9): $2 > $3 bytes ($(($2 - $3)) over)"; status=1; fi
 }
-verdict loader "$loader_br" $LOADER_BUDGET
-verdict total "$total_br" $TOTAL_BUDGET
-note() {
-  if (($2 <= $3)); then echo "info $1 (gzip, plain http): $2 <= $3 bytes received"
-  else echo "info $1 (gzip, plain http): $2 bytes received, $(($2 - $3)) over the https budget"; fi
+verdict loader "$loader_g9" $LOADER_BUDGET
+verdict total "$total_g9" $TOTAL_BUDGET
+served() {
+  if (($2 <= $4 && $3 <= $4)); then echo "ok   $1 as served: $2 B gzip (.gz), $3 B brotli (.br)"
+  else echo "OVER $1 as served: $2 B gzip (.gz), $3 B brotli (.br), budget $4"; status=1; fi
 }
-note loader "$loader_gz" $LOADER_BUDGET
-note total "$total_gz" $TOTAL_BUDGET
+served loader "$loader_gz" "$loader_br" $LOADER_BUDGET
+served total "$total_gz" "$total_br" $TOTAL_BUDGET
 exit $status

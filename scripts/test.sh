@@ -20,5 +20,7 @@ step "cargo test: connection timeouts, one at a time"
 cargo test -p tally --test it connections:: -- --test-threads=1
 step "committed snippet is current"
 scripts/check-snippet.sh
+step "snippet size budget (SPEC §3: gzip -9, loader <= 1 KB, all <= 8 KB)"
+scripts/snippet-size.sh
 step "browser suite (headless Chromium)"
 scripts/browser-test.sh

@@ -5,12 +5,13 @@
 // import, so `run` below is the glue's own export; it replaces every Op.Name and Num.Name with
 // the number src/ops.rs defines (where each operation and its arguments are written down
 // once), strips full-line comments and minifies. Nothing here throws: storage errors become
-// null/false, a failed fetch becomes an answer with status 0, and every call back into the
+// ''/false, a failed fetch becomes an answer with status 0, and every call back into the
 // module is wrapped so a fault there cannot reach the page.
 
-// Calls the module. Arguments an operation does not use are 0 and '' (never undefined, which
-// would arrive as the text "undefined").
-function callModule(op, s = 0, w = 0, a = '', b = '', c = '') {
+// Calls the module. Arguments an operation does not use may be left out: the glue passes a
+// missing number as NaN (0 in an integer parameter, read as 0 in `w`) and a missing string as
+// '' (TextEncoder.encode's default).
+function callModule(op, s, w, a, b, c) {
   try {
     run(op, s, w, a, b, c);
   } catch (e) {}
@@ -49,11 +50,12 @@ export function rand(bytes) {
   crypto.getRandomValues(bytes);
 }
 
+// An absent key (or a storage that throws) reads as ''.
 export function load(session, key) {
   try {
-    return storageArea(session).getItem(key);
+    return storageArea(session).getItem(key) || '';
   } catch (e) {
-    return null;
+    return '';
   }
 }
 

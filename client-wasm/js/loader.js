@@ -76,7 +76,7 @@
     const src = script.src;
     const storage = options.storage;
     import(new URL('__GLUE__', src)).then(function (module) {
-      return module.default({ module_or_path: new URL('__WASM__', src) }).then(function () {
+      return module.default(new URL('__WASM__', src)).then(function () {
         let ignored;
         try {
           ignored = localStorage.getItem('tally:ignore');

@@ -37,11 +37,11 @@
 //!   nothing is recorded or sent, and the queue is emptied when it is set; counters are still
 //!   shown (read, not counted).
 
-use crate::json;
+use crate::json::{self, HitFields};
 use crate::ops::Flag;
 use crate::queue::{self, Head};
 use crate::{ids, retry};
-use tally_wire::{Hit, MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
+use tally_wire::{MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
 
 /// Storage key of the visitor id.
 pub const VISITOR_KEY: &str = "tally:vid";
@@ -77,8 +77,9 @@ pub trait Host {
     fn now_ms(&self) -> u64;
     /// Fills `buf` with cryptographically random bytes.
     fn random(&self, buf: &mut [u8]);
-    /// Reads a key; `None` when absent or when the storage throws.
-    fn load(&self, area: Area, key: &str) -> Option<String>;
+    /// Reads a key; empty when absent or when the storage throws (an empty value is never
+    /// stored: [`Host::save`] removes the key instead).
+    fn load(&self, area: Area, key: &str) -> String;
     /// Writes a key (an empty value removes it); false when the storage throws.
     fn save(&mut self, area: Area, key: &str, value: &str) -> bool;
     /// POSTs `body` as `text/plain` to `{api}/api/v1/hit?t=<ms>[&counts=1]` (`t` defeats
@@ -155,17 +156,17 @@ impl Options {
     }
 }
 
-/// A `tally(kind, value, {dedupe})` call from the page.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
+/// A `tally(kind, value, {dedupe})` call from the page (its strings borrowed from the call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command<'a> {
     /// `tally('pageview')`: count a page view of the current URL.
     PageView,
     /// `tally('event', name, {dedupe})`.
     Event {
         /// The event's name (not empty).
-        name: String,
+        name: &'a str,
         /// Counted once per (site, name, dedupe) when present.
-        dedupe: Option<String>,
+        dedupe: Option<&'a str>,
     },
     /// `tally('consent', given)`: store the visitor id and queue from now on, or delete them.
     Consent(bool),
@@ -176,15 +177,20 @@ pub enum Command {
     Refresh,
 }
 
-impl Command {
+impl<'a> Command<'a> {
     /// The command of `tally(kind, value, {dedupe})`; `on` is the value's truthiness, `text`
     /// the value as text. `None` for an unknown kind or an event without a name.
-    pub fn parse(kind: &str, on: bool, text: Option<&str>, dedupe: Option<&str>) -> Option<Self> {
+    pub fn parse(
+        kind: &str,
+        on: bool,
+        text: Option<&'a str>,
+        dedupe: Option<&'a str>,
+    ) -> Option<Self> {
         Some(match kind {
             "pageview" => Command::PageView,
             "event" => Command::Event {
-                name: text?.to_owned(),
-                dedupe: dedupe.map(str::to_owned),
+                name: text?,
+                dedupe,
             },
             "consent" => Command::Consent(on),
             "ignore" => Command::Ignore(on),
@@ -218,12 +224,13 @@ pub struct Client<H> {
     host: H,
     opts: Options,
     store: Store,
-    /// The anonymous visitor id, `None` with storage off.
-    visitor: Option<String>,
+    /// The anonymous visitor id, empty with storage off (sent as `null`).
+    visitor: String,
     /// The queue's text when `store` is memory.
     memory: String,
-    /// The page view whose answer fills the in-page counters.
-    counts_for: Option<String>,
+    /// Event id of the page view whose answer fills the in-page counters (empty: none; an
+    /// event id never is).
+    counts_for: String,
     /// URL of the last counted page view: SPA change detection and SPA referrer.
     page: String,
     /// When the earliest pending [`Host::schedule`] fires (0: none pending).
@@ -238,9 +245,9 @@ impl<H: Host> Client<H> {
             host,
             opts,
             store: Store::Memory,
-            visitor: None,
+            visitor: String::new(),
             memory: String::new(),
-            counts_for: None,
+            counts_for: String::new(),
             page: String::new(),
             timer_at: 0,
         };
@@ -257,7 +264,8 @@ impl<H: Host> Client<H> {
         let auto = client.opts.auto;
         client.host.listen(auto && client.opts.spa);
         if auto {
-            client.page_view(None);
+            let referrer = client.host.referrer();
+            client.page_view(referrer);
         }
         client.tick();
         client
@@ -276,10 +284,10 @@ impl<H: Host> Client<H> {
     /// Runs a `tally(...)` command.
     pub fn command(&mut self, command: Command) {
         match command {
-            Command::PageView => self.page_view(None),
+            Command::PageView => self.page_view(self.host.referrer()),
             Command::Event { name, dedupe } => {
                 let url = self.host.href();
-                self.record(TYPE_EVENT, url, String::new(), Some(name), dedupe, false);
+                self.record(TYPE_EVENT, &url, "", Some(name), dedupe, false);
             }
             Command::Consent(given) => self.consent(given),
             Command::Ignore(on) => self.ignore(on),
@@ -292,7 +300,7 @@ impl<H: Host> Client<H> {
     /// else the counts are read from the collector.
     pub fn refresh(&mut self) {
         let busuanzi = self.opts.busuanzi;
-        if self.counts_for.is_none() && self.host.wants_counts(busuanzi) {
+        if self.counts_for.is_empty() && self.host.wants_counts(busuanzi) {
             self.host.peek(&self.opts.api, &self.opts.site, busuanzi);
         }
     }
@@ -321,7 +329,7 @@ impl<H: Host> Client<H> {
             self.forget(Area::Session);
             self.opts.storage = false;
             self.store = Store::Memory;
-            self.visitor = None;
+            self.visitor.clear();
             self.memory = queued;
         }
     }
@@ -341,7 +349,7 @@ impl<H: Host> Client<H> {
     pub fn navigate(&mut self, how: Navigation) {
         if !self.host.same_page(&self.page, how == Navigation::Replace) {
             let previous = std::mem::take(&mut self.page);
-            self.page_view(Some(previous));
+            self.page_view(previous);
         }
     }
 
@@ -358,8 +366,8 @@ impl<H: Host> Client<H> {
         };
         self.pass(String::new(), false, id, wait);
         // Settled: its counts, if any, are no longer on their way (a refresh reads them).
-        if !retry && self.counts_for.as_deref() == Some(id) {
-            self.counts_for = None;
+        if !retry && self.counts_for == id {
+            self.counts_for.clear();
             if (200..300).contains(&status)
                 && let Some(body) = body
             {
@@ -384,13 +392,13 @@ impl<H: Host> Client<H> {
     /// Picks the storage area and restores or creates the visitor id there.
     fn use_storage(&mut self) {
         self.store = self.pick_store();
-        self.visitor = Some(self.visitor_id());
+        self.visitor = self.visitor_id();
     }
 
     /// Whether consent was given on an earlier page (read only: nothing is written before).
     fn consented(&self) -> bool {
-        self.host.load(Area::Local, CONSENT_KEY).is_some()
-            || self.host.load(Area::Session, CONSENT_KEY).is_some()
+        !self.host.load(Area::Local, CONSENT_KEY).is_empty()
+            || !self.host.load(Area::Session, CONSENT_KEY).is_empty()
     }
 
     /// Deletes the visitor id, queue and consent from a storage area.
@@ -413,8 +421,7 @@ impl<H: Host> Client<H> {
 
     /// Whether a storage area takes a write and reads it back (the probe is removed again).
     fn works(&mut self, area: Area) -> bool {
-        let ok = self.host.save(area, PROBE_KEY, "1")
-            && self.host.load(area, PROBE_KEY).as_deref() == Some("1");
+        let ok = self.host.save(area, PROBE_KEY, "1") && self.host.load(area, PROBE_KEY) == "1";
         if ok {
             self.host.save(area, PROBE_KEY, "");
         }
@@ -422,46 +429,47 @@ impl<H: Host> Client<H> {
     }
 
     fn visitor_id(&mut self) -> String {
-        if let Store::Area(area) = self.store
-            && let Some(id) = self
-                .host
-                .load(area, VISITOR_KEY)
-                .filter(|id| ids::is_uuid(id))
-        {
+        let Store::Area(area) = self.store else {
+            return self.new_visitor_id();
+        };
+        let id = self.host.load(area, VISITOR_KEY);
+        if ids::is_uuid(&id) {
             return id;
         }
-        let mut random = [0u8; 16];
-        self.host.random(&mut random);
-        let id = ids::visitor_id(random);
-        if let Store::Area(area) = self.store {
-            self.host.save(area, VISITOR_KEY, &id);
-        }
+        let id = self.new_visitor_id();
+        self.host.save(area, VISITOR_KEY, &id);
         id
     }
 
-    /// Counts a page view of the current URL, asking for the counts when the page shows
-    /// them; an ignored browser counts nothing and reads the counts instead.
-    fn page_view(&mut self, referrer: Option<String>) {
+    fn new_visitor_id(&self) -> String {
+        let mut random = [0u8; 16];
+        self.host.random(&mut random);
+        ids::visitor_id(random)
+    }
+
+    /// Counts a page view of the current URL coming from `referrer` (the document's referrer,
+    /// or the URL an SPA navigation left), asking for the counts when the page shows them; an
+    /// ignored browser counts nothing and reads the counts instead.
+    fn page_view(&mut self, referrer: String) {
         let url = self.host.href();
-        let referrer = referrer.unwrap_or_else(|| self.host.referrer());
         self.page = url.clone();
         // Counters now show this page: an earlier page view's answer no longer fills them.
-        self.counts_for = None;
+        self.counts_for.clear();
         if self.opts.ignored {
             self.refresh();
             return;
         }
         let counts = self.host.wants_counts(self.opts.busuanzi);
-        self.record(TYPE_PAGEVIEW, url, referrer, None, None, counts);
+        self.record(TYPE_PAGEVIEW, &url, &referrer, None, None, counts);
     }
 
     fn record(
         &mut self,
         kind: &str,
-        url: String,
-        referrer: String,
-        name: Option<String>,
-        dedupe: Option<String>,
+        url: &str,
+        referrer: &str,
+        name: Option<&str>,
+        dedupe: Option<&str>,
         counts: bool,
     ) {
         if self.opts.ignored {
@@ -471,24 +479,22 @@ impl<H: Host> Client<H> {
         let mut random = [0u8; 10];
         self.host.random(&mut random);
         let id = ids::event_id(now, random);
-        let hit = Hit {
-            site: self.opts.site.clone(),
-            kind: kind.to_owned(),
-            event_id: id.clone(),
-            visitor_id: self.visitor.clone(),
+        let referrer = clip(referrer);
+        let body = json::hit(&HitFields {
+            site: &self.opts.site,
+            kind,
+            event_id: &id,
+            visitor_id: (!self.visitor.is_empty()).then_some(&self.visitor),
             url: clip(url),
-            referrer: Some(clip(referrer)).filter(|r| !r.is_empty()),
+            referrer: (!referrer.is_empty()).then_some(referrer),
             name,
             dedupe,
-        };
-        let Ok(body) = json::to_string(&hit) else {
-            return;
-        };
+        });
         if body.len() > MAX_HIT_BYTES {
             return; // the collector would refuse it (413); retrying cannot help
         }
         if counts {
-            self.counts_for = Some(id.clone());
+            self.counts_for = id.clone();
         }
         // Due now: the pass below sends it (after anything older that is due).
         let head = Head {
@@ -529,7 +535,7 @@ impl<H: Host> Client<H> {
             if h.due <= now {
                 let api = &self.opts.api;
                 if !hiding {
-                    let counts = self.counts_for.as_deref() == Some(id);
+                    let counts = self.counts_for == id;
                     self.host.send(api, counts, body, id);
                     h.due = now + LEASE_MS;
                 } else if self.host.beacon(api, body) {
@@ -550,7 +556,7 @@ impl<H: Host> Client<H> {
 
     fn load_queue(&self) -> String {
         match self.store {
-            Store::Area(area) => self.host.load(area, QUEUE_KEY).unwrap_or_default(),
+            Store::Area(area) => self.host.load(area, QUEUE_KEY),
             Store::Memory => self.memory.clone(),
         }
     }
@@ -575,18 +581,18 @@ fn random_u32(host: &impl Host) -> u32 {
 }
 
 /// Cuts the query and fragment off an over-long URL (the page key is the path anyway).
-fn clip(mut url: String) -> String {
+fn clip(url: &str) -> &str {
     let b = url.as_bytes();
-    if b.len() > MAX_URL_CHARS {
-        // An index loop: iterator adapters cost several times more WebAssembly here.
-        let mut i = 0;
-        while i < b.len() && b[i] != b'?' && b[i] != b'#' {
-            i += 1;
-        }
-        // Cut at an ASCII byte: a char boundary.
-        url.truncate(i);
+    if b.len() <= MAX_URL_CHARS {
+        return url;
     }
-    url
+    // An index loop: iterator adapters cost several times more WebAssembly here.
+    let mut i = 0;
+    while i < b.len() && b[i] != b'?' && b[i] != b'#' {
+        i += 1;
+    }
+    // Cut at an ASCII byte: a char boundary.
+    url.get(..i).unwrap_or(url)
 }
 
 #[cfg(test)]

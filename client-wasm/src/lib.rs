@@ -15,7 +15,8 @@
 //! - `web` (wasm32 only) binds the host trait to `js/host.js` and exports the entry point;
 //!   nothing it exports ever throws into the page on bad input (all inputs are plain strings
 //!   and numbers; every failure is swallowed or retried).
-//! - The hits sent are `tally_wire::Hit` values: the wire format's one definition.
+//! - The hits sent carry the fields of `tally_wire::Hit`, the wire format's one definition
+//!   ([`json::hit`] writes them; its tests compare with serde_json on that type).
 
 pub mod client;
 pub mod ids;

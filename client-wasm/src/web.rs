@@ -26,7 +26,7 @@ static ALLOCATOR: lol_alloc::LockedAllocator<lol_alloc::FreeListAllocator> =
 extern "C" {
     fn num(op: u32, x: u32) -> f64;
     fn rand(buf: &mut [u8]);
-    fn load(area: u32, key: &str) -> Option<String>;
+    fn load(area: u32, key: &str) -> String;
     fn save(area: u32, key: &str, value: &str) -> bool;
     fn send(api: &str, counts: bool, body: &str, id: &str) -> bool;
     fn busy(id: &str) -> bool;
@@ -46,7 +46,7 @@ impl Host for Web {
     fn random(&self, buf: &mut [u8]) {
         rand(buf)
     }
-    fn load(&self, area: Area, key: &str) -> Option<String> {
+    fn load(&self, area: Area, key: &str) -> String {
         load(area as u32, key)
     }
     fn save(&mut self, area: Area, key: &str, value: &str) -> bool {

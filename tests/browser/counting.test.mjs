@@ -129,9 +129,11 @@ test('in-page counters and busuanzi ids are filled from the counting request its
 });
 
 test('a custom event sent twice with one dedupe key counts once', async () => {
+  // A name and key with characters the client's JSON writer escapes (quote, backslash) and
+  // non-ASCII it passes through.
   const url = serve('/events/a', snippet({ site: 'events' }, { stub: true, body: `<script>
-    tally('event', 'signup', { dedupe: 'user_42' });   // queued before the loader ran
-    addEventListener('load', () => tally.track('signup', { dedupe: 'user_42' }));
+    tally('event', 'sign "up" \\\\ é', { dedupe: 'user_"42"' });   // queued before the loader ran
+    addEventListener('load', () => tally.track('sign "up" \\\\ é', { dedupe: 'user_"42"' }));
   </script>` }));
   const { context } = await newProfile(browser);
   const page = await context.newPage();
@@ -143,7 +145,8 @@ test('a custom event sent twice with one dedupe key counts once', async () => {
   });
   await page.goto(url);
   await waitFor(() => answers.length === 2, { what: 'two event answers' });
-  assert.deepEqual(answers.map((a) => a.sent.dedupe), ['user_42', 'user_42']);
+  assert.deepEqual(answers.map((a) => a.sent.dedupe), ['user_"42"', 'user_"42"']);
+  assert.deepEqual(answers.map((a) => a.sent.name), ['sign "up" \\ é', 'sign "up" \\ é']);
   assert.notEqual(answers[0].sent.event_id, answers[1].sent.event_id, 'each call is its own event');
   assert.deepEqual(answers.map((a) => a.got.status).sort(), ['accepted', 'duplicate']);
   await context.close();

@@ -140,6 +140,76 @@ for (const form of Object.keys(retryAfter)) {
   });
 }
 
+// sendBeacon, the one request browsers promise to deliver while a page goes away: a hit that is
+// due when the page is hidden is handed to it. The page's clock is paused, so the retry timer
+// of a refused first try cannot fire; the clock is then set past the retry's due time and the
+// page left.
+test('a hit due when the page goes away is sent with sendBeacon and counted once', async () => {
+  const siteId = 'beacon-hide';
+  const tally = await startTally({ db: `${dir}/${siteId}.sqlite` });
+  const proxy = await startProxy(tally.url, (req, body, n) => n === 1 && { status: 503, body: '{}' });
+  site.pages[`/${siteId}/a`] = ownCdn({ site: siteId, api: proxy.url });
+  const { context, log } = await newProfile(browser);
+  try {
+    const t0 = Date.now();
+    await context.clock.install({ time: t0 });
+    await context.clock.pauseAt(t0 + 1000);
+    const page = await context.newPage();
+    await page.goto(`${site.origin}/${siteId}/a`);
+    await waitFor(async () => {
+      const q = await queueText(page); // "due attempts born event_id body"
+      return q && Number(q.split(' ')[1]) === 1;
+    }, { what: 'the refused view queued with its failed try counted' });
+    assert.equal(proxy.hits.length, 1, 'no retry while the clock stands still');
+    // Past the backoff (at most 1 s after the first try); no timer fires.
+    await context.clock.setSystemTime(t0 + 5000);
+    await page.goto('about:blank');
+    await countsWhere(tally.url, siteId, `/${siteId}/a`, (c) => c.site.views === 1);
+    assert.equal(proxy.hits.length, 2);
+    assert.equal(eventId(proxy.hits[1]), eventId(proxy.hits[0]), 'the beacon carried the same event id');
+    // fetch(..., {credentials: 'omit'}) is a CORS request; a beacon with a text body is not.
+    assert.deepEqual(proxy.hits.map((h) => h.headers['sec-fetch-mode']), ['cors', 'no-cors']);
+    assert.deepEqual(log.errors, []);
+  } finally {
+    await context.close();
+    await proxy.close();
+    await tally.stop();
+  }
+});
+
+// Where fetch throws (no fetch, or its keepalive quota used up), the hit goes to sendBeacon.
+test('when fetch throws, the hit is sent with sendBeacon and counted once', async () => {
+  const siteId = 'beacon-fallback';
+  const tally = await startTally({ db: `${dir}/${siteId}.sqlite` });
+  site.pages[`/${siteId}/a`] = ownCdn({ site: siteId, api: tally.url }, {
+    head: `<script>
+      const realFetch = fetch;
+      window.fetch = (url, init) => {
+        if (String(url).includes('/api/v1/hit')) throw new TypeError('keepalive quota exceeded');
+        return realFetch(url, init);
+      };
+    </script>`,
+  });
+  const { context, log } = await newProfile(browser);
+  const types = [];
+  context.on('request', (r) => r.url().includes('/api/v1/hit') && types.push(r.resourceType()));
+  try {
+    const page = await context.newPage();
+    await page.goto(`${site.origin}/${siteId}/a`);
+    await countsWhere(tally.url, siteId, `/${siteId}/a`, (c) => c.site.views === 1);
+    assert.equal(types[0], 'ping', 'sent by sendBeacon');
+    // The beacon's outcome is unknown, so the hit stays queued and is beaconed again on its
+    // backoff; the collector counts it once.
+    await waitFor(() => log.hits.length >= 2, { what: 'a second beacon' });
+    assert.ok(log.hits.every((h) => eventId(h) === eventId(log.hits[0])), 'one event id');
+    assert.equal((await counts(tally.url, siteId, `/${siteId}/a`)).site.views, 1);
+    assert.deepEqual(log.errors, []);
+  } finally {
+    await context.close();
+    await tally.stop();
+  }
+});
+
 test("the host page's own script keeps running when the collector is unreachable", async () => {
   // Port 9 (discard) on loopback: nothing listens, connections are refused.
   site.pages['/unreachable/a'] = ownCdn({ site: 'unreachable', api: 'http://127.0.0.1:9' }, {

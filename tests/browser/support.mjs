@@ -18,9 +18,12 @@ export const STATIC = join(ROOT, 'static');
 /// A normal desktop Chrome: HeadlessChrome would be filtered as a bot by the collector.
 export const USER_AGENT =
   'Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 Safari/537.36';
+// The user agent is also set for the whole browser: a beacon sent while a page unloads does not
+// carry the context's user agent (it would go out as HeadlessChrome and be filtered).
 const CHROMIUM_ARGS = [
   '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
   '--disable-background-networking', '--disable-component-update', '--disable-sync',
+  `--user-agent=${USER_AGENT}`,
 ];
 
 export function tallyBin() {
@@ -121,7 +124,7 @@ export async function startSite(pages = {}) {
 
 /// A proxy in front of `target` (a tally URL). `intercept(req, body, n)` may answer a
 /// request itself by returning { status, headers, body }; n counts hits (POST /api/v1/hit).
-/// Every hit is logged with its arrival time and body.
+/// Every hit is logged with its arrival time, URL, headers and body.
 export async function startProxy(target, intercept = () => null) {
   const hits = [];
   const server = http.createServer((req, res) => {
@@ -130,7 +133,7 @@ export async function startProxy(target, intercept = () => null) {
     req.on('end', () => {
       const body = Buffer.concat(chunks);
       const isHit = req.method === 'POST' && req.url.startsWith('/api/v1/hit');
-      if (isHit) hits.push({ at: Date.now(), url: req.url, body: body.toString() });
+      if (isHit) hits.push({ at: Date.now(), url: req.url, headers: req.headers, body: body.toString() });
       const own = isHit ? intercept(req, body.toString(), hits.length) : null;
       if (own) {
         res.writeHead(own.status, {

@@ -6,6 +6,7 @@ use crate::ops::Flag;
 use crate::queue::Entry;
 use std::cell::Cell;
 use std::collections::HashMap;
+use tally_wire::Hit;
 
 const T0: u64 = 1_750_000_000_000;
 const API: &str = "https://c.example";
@@ -45,12 +46,12 @@ impl Host for Fake {
             *b = s;
         }
     }
-    fn load(&self, area: Area, key: &str) -> Option<String> {
+    fn load(&self, area: Area, key: &str) -> String {
         let a = area as usize;
         if self.broken[a] {
-            None
+            String::new()
         } else {
-            self.areas[a].get(key).cloned()
+            self.areas[a].get(key).cloned().unwrap_or_default()
         }
     }
     fn save(&mut self, area: Area, key: &str, value: &str) -> bool {
