@@ -22,7 +22,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
-use tally_wire::Numbers;
+use tally_wire::{ErrorBody, Numbers};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use std::net::SocketAddr;
 
@@ -44,23 +46,60 @@ pub fn router() -> Router<AppState> {
         .route("/dashboard/{site}/logout", post(logout))
 }
 
-pub fn api_router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/sites/{site}/series", get(series))
-        .route("/api/v1/sites/{site}/top", get(top))
-        .route("/api/v1/sites/{site}/events", get(events))
+pub fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(series))
+        .routes(routes!(top))
+        .routes(routes!(events))
 }
 
 /// Most custom event names listed (ranked in the database).
 const EVENTS_LIMIT: u32 = 50;
 
 /// Range selection shared by the page and the JSON.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct RangeQuery {
+    /// A named range ending today in the site's time zone (default `30d`).
+    #[param(schema_with = range_names)]
     range: Option<String>,
+    /// First day (`YYYY-MM-DD`) of an explicit range, which replaces `range`: give both `from`
+    /// and `to`, or neither. A range spans at most 366 days.
+    #[param(value_type = Option<String>, format = Date, example = "2026-05-01")]
     from: Option<String>,
+    /// Last day (`YYYY-MM-DD`, inclusive) of an explicit range.
+    #[param(value_type = Option<String>, format = Date, example = "2026-05-31")]
     to: Option<String>,
+}
+
+/// The length of the top lists (the page and `top`).
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct LimitQuery {
+    /// Rows of each list, 1 to 100 (default 10).
+    #[param(minimum = 1, maximum = 100)]
     limit: Option<u32>,
+}
+
+impl LimitQuery {
+    fn limit(&self) -> Result<u32, ApiError> {
+        match self.limit {
+            None => Ok(10),
+            Some(n @ 1..=100) => Ok(n),
+            Some(_) => Err(ApiError::bad("invalid_limit", "limit must be 1 to 100")),
+        }
+    }
+}
+
+/// The document of `range`: the names of [`RANGES`].
+fn range_names() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(RANGES.iter().map(|(key, _)| *key)))
+        .description(Some(
+            "A named range ending today in the site's time zone (default `30d`).",
+        ))
+        .build()
 }
 
 const RANGES: [(&str, &str); 5] = [
@@ -89,14 +128,6 @@ impl RangeQuery {
                 "invalid_range",
                 "give both from and to, or neither",
             )),
-        }
-    }
-
-    fn limit(&self) -> Result<u32, ApiError> {
-        match self.limit {
-            None => Ok(10),
-            Some(n @ 1..=100) => Ok(n),
-            Some(_) => Err(ApiError::bad("invalid_limit", "limit must be 1 to 100")),
         }
     }
 }
@@ -131,20 +162,12 @@ async fn scope(
     peer: SocketAddr,
     headers: &HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
-) -> Result<
-    (
-        Site,
-        DayRange,
-        RangeQuery,
-        tokio::sync::OwnedSemaphorePermit,
-    ),
-    ApiError,
-> {
+) -> Result<(Site, DayRange, tokio::sync::OwnedSemaphorePermit), ApiError> {
     let q = super::query(query)?;
     let (site, _) = authorised(state, raw, peer, headers).await?;
     let (range, _) = q.resolve(state, &site)?;
     let slot = state.stats_slot().await?;
-    Ok((site, range, q, slot))
+    Ok((site, range, slot))
 }
 
 async fn daily_points(
@@ -173,14 +196,14 @@ async fn daily_points(
         .collect())
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct SeriesDay {
     day: String,
     views: u64,
     visitors: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct SeriesResponse {
     site: String,
     timezone: String,
@@ -191,6 +214,27 @@ struct SeriesResponse {
     total: Numbers,
 }
 
+/// Views and visitors per day of a range.
+///
+/// With the range's total: views summed, visitors distinct over the whole range (exact).
+#[utoipa::path(
+    get,
+    path = "/api/v1/sites/{site}/series",
+    operation_id = "series",
+    tag = "stats",
+    params(("site" = String, Path, description = "The site id.", pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog"), RangeQuery),
+    security((), ("admin_token" = []), ("admin_session" = [])),
+    responses(
+        (status = 200, description = "Every day of the range, in order.", body = SeriesResponse),
+        (status = 400, description = "`invalid_query` (a parameter of the wrong type), `invalid_site`, `invalid_range`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`: a private site, and neither the admin token nor a session.", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such site.", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: too many wrong tokens from this network.",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "`busy` (every stats slot taken for 2 s), `storage_unavailable`.",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 async fn series(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -198,7 +242,7 @@ async fn series(
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
-    let (site, range, _, _slot) = scope(&state, &raw, peer, &headers, query).await?;
+    let (site, range, _slot) = scope(&state, &raw, peer, &headers, query).await?;
     let points = daily_points(&state, &site, range).await?;
     let total = combine(
         state
@@ -223,20 +267,20 @@ async fn series(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct TopPageJson {
     page: String,
     views: u64,
     visitors: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct TopReferrerJson {
     host: String,
     views: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct TopResponse {
     site: String,
     from: String,
@@ -287,15 +331,36 @@ async fn top_lists(
     ))
 }
 
+/// The most viewed pages and the top referrer hosts of a range.
+#[utoipa::path(
+    get,
+    path = "/api/v1/sites/{site}/top",
+    operation_id = "top",
+    tag = "stats",
+    params(("site" = String, Path, description = "The site id.", pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog"), RangeQuery, LimitQuery),
+    security((), ("admin_token" = []), ("admin_session" = [])),
+    responses(
+        (status = 200, description = "The lists, longest first.", body = TopResponse),
+        (status = 400, description = "`invalid_query` (a parameter of the wrong type), `invalid_site`, `invalid_range`, `invalid_limit`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`: a private site, and neither the admin token nor a session.", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such site.", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: too many wrong tokens from this network.",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "`busy` (every stats slot taken for 2 s), `storage_unavailable`.",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 async fn top(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(raw): Path<String>,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
+    limit: Result<Query<LimitQuery>, QueryRejection>,
 ) -> Result<Json<TopResponse>, ApiError> {
-    let (site, range, q, _slot) = scope(&state, &raw, peer, &headers, query).await?;
-    let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
+    let limit = super::query(limit)?;
+    let (site, range, _slot) = scope(&state, &raw, peer, &headers, query).await?;
+    let (pages, referrers) = top_lists(&state, &site, range, limit.limit()?).await?;
     Ok(Json(TopResponse {
         site: site.id.to_string(),
         from: range.from.to_string(),
@@ -305,20 +370,20 @@ async fn top(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct EventDayJson {
     day: String,
     count: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct EventJson {
     name: String,
     count: u64,
     days: Vec<EventDayJson>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct EventsResponse {
     site: String,
     from: String,
@@ -351,6 +416,27 @@ async fn event_list(
         .collect())
 }
 
+/// Custom events of a range.
+///
+/// The 50 names with most events in the range, each with its days.
+#[utoipa::path(
+    get,
+    path = "/api/v1/sites/{site}/events",
+    operation_id = "site_events",
+    tag = "stats",
+    params(("site" = String, Path, description = "The site id.", pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog"), RangeQuery),
+    security((), ("admin_token" = []), ("admin_session" = [])),
+    responses(
+        (status = 200, description = "The names, most events first.", body = EventsResponse),
+        (status = 400, description = "`invalid_query` (a parameter of the wrong type), `invalid_site`, `invalid_range`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`: a private site, and neither the admin token nor a session.", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such site.", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: too many wrong tokens from this network.",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "`busy` (every stats slot taken for 2 s), `storage_unavailable`.",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 async fn events(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -358,7 +444,7 @@ async fn events(
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<EventsResponse>, ApiError> {
-    let (site, range, _, _slot) = scope(&state, &raw, peer, &headers, query).await?;
+    let (site, range, _slot) = scope(&state, &raw, peer, &headers, query).await?;
     let events = event_list(&state, &site, range).await?;
     Ok(Json(EventsResponse {
         site: site.id.to_string(),
@@ -478,8 +564,10 @@ async fn page(
     Path(raw): Path<String>,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
+    limit: Result<Query<LimitQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = super::query(query)?;
+    let limit = super::query(limit)?;
     let (site, signed_in) = match authorised(&state, &raw, peer, &headers).await {
         Ok(found) => found,
         Err(ApiError::Unauthorized) => return Ok(login_page(raw, false, None)),
@@ -527,7 +615,7 @@ async fn page(
     });
 
     let chart = daily_chart(&daily_points(&state, &site, range).await?);
-    let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
+    let (pages, referrers) = top_lists(&state, &site, range, limit.limit()?).await?;
     let events = event_list(&state, &site, range).await?;
     let top_event = events.first().map(|e| e.count).unwrap_or(0);
     let top_page = pages.first().map(|p| p.views).unwrap_or(0);
