@@ -17,7 +17,7 @@
 
 use std::net::SocketAddr;
 
-use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -26,7 +26,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::hit::{Sender, filter_reason, observe};
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, SiteSegment};
 use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
 use crate::core::counts::present;
 use crate::core::hit::HitKind;
@@ -324,7 +324,11 @@ struct BadgeFile {
     path = "/badge/{file}",
     operation_id = "badge",
     tag = "badges",
-    params(BadgeFile, BadgeQuery),
+    params(
+        BadgeFile,
+        BadgeQuery,
+        ("If-None-Match" = Option<String>, Header, description = "An `ETag` of an earlier answer: 304 when the SVG is unchanged."),
+    ),
     responses(
         (status = 200, description = "The badge; never cached.",
             content(
@@ -351,7 +355,7 @@ async fn badge(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     method: Method,
-    Path(file): Path<String>,
+    SiteSegment(file): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<BadgeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -494,7 +498,10 @@ struct PixelQuery {
     path = "/api/v1/pixel.gif",
     operation_id = "pixel",
     tag = "badges",
-    params(PixelQuery),
+    params(
+        PixelQuery,
+        ("Referer" = Option<String>, Header, description = "The embedding page: its path is the page when `page` is absent, and its origin must be one the site allows (403 `origin_not_allowed`).", example = "https://blog.example/posts/hello"),
+    ),
     responses(
         (status = 200, description = "The 43-byte GIF.", content_type = "image/gif", body = String,
             headers(("X-Tally-Status" = inline(ViewStatus), description = "What the fetch counted."))),

@@ -53,7 +53,7 @@ async fn counts_preflight() -> Response {
     path = "/api/v1/counts",
     operation_id = "counts",
     tag = "counts",
-    params(CountsQuery),
+    params(CountsQuery, ("Origin" = Option<String>, Header, description = "The sending page's origin, when a browser sends one: it must be one of the site's allowed origins (403 `origin_not_allowed`).", example = "https://blog.example")),
     responses(
         (status = 200, description = "The counts now.", body = Counts),
         (status = 400, description = "`invalid_query` (no `site`), `invalid_site`, `invalid_page`.", body = ErrorBody),

@@ -17,7 +17,7 @@ use askama::Template;
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{ConnectInfo, Form, Path, Query, State};
+use axum::extract::{ConnectInfo, Form, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 
 use super::auth::COOKIE;
 use super::ui::html;
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, SiteSegment};
 use crate::core::badge::group;
 use crate::core::chart::{DayPoint, daily_chart};
 use crate::core::counts::combine;
@@ -238,7 +238,7 @@ struct SeriesResponse {
 async fn series(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
@@ -353,7 +353,7 @@ async fn top_lists(
 async fn top(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
     limit: Result<Query<LimitQuery>, QueryRejection>,
@@ -440,7 +440,7 @@ async fn event_list(
 async fn events(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<EventsResponse>, ApiError> {
@@ -561,7 +561,7 @@ fn share(n: u64, top: u64) -> u64 {
 async fn page(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
     limit: Result<Query<LimitQuery>, QueryRejection>,
@@ -712,7 +712,7 @@ fn see_other(to: &str) -> Response {
 async fn login(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, ApiError> {
@@ -737,7 +737,7 @@ async fn login(
 /// the site's dashboard.
 async fn logout(
     State(state): State<AppState>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = super::site_id(&raw)?;

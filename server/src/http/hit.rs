@@ -379,7 +379,7 @@ fn rejected(state: &AppState, e: ApiError) -> ApiError {
     path = "/api/v1/hit",
     operation_id = "hit",
     tag = "counting",
-    params(HitQuery),
+    params(HitQuery, ("Origin" = Option<String>, Header, description = "The sending page's origin, when a browser sends one: it must be one of the site's allowed origins (403 `origin_not_allowed`).", example = "https://blog.example")),
     request_body(
         description = "One record, as JSON; sent as `application/json` or as `text/plain` \
 (beacons). At most 8 KiB.",
@@ -508,6 +508,7 @@ fn event_id_of(raw: &RawValue) -> Option<String> {
     path = "/api/v1/events",
     operation_id = "events",
     tag = "counting",
+    params(("Origin" = Option<String>, Header, description = "The sending page's origin, when a browser sends one: it must be one of the site's allowed origins (403 `origin_not_allowed`).", example = "https://blog.example")),
     request_body(
         description = "At most 500 records and 4 MiB, as JSON; sent as `application/json` or \
 `text/plain`.",

@@ -277,7 +277,8 @@ pub fn openapi_document() -> utoipa::openapi::OpenApi {
 /// Every route of the app, and the document of the documented ones. [`app`] adds only layers
 /// and the state.
 fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    let (documented, doc) = documented().split_for_parts();
+    let (documented, mut doc) = documented().split_for_parts();
+    openapi::complete(&mut doc);
     let routes = Router::new()
         .merge(documented)
         .merge(pages())
@@ -379,6 +380,25 @@ pub fn query<T>(
     parsed
         .map(|q| q.0)
         .map_err(|e| ApiError::bad("invalid_query", e.body_text()))
+}
+
+/// The one path parameter of a route (`{site}`, or a badge's `{file}`), or a 400
+/// `invalid_site` in JSON. (axum's own rejection, for a segment that is not UTF-8 once
+/// percent-decoded, is plain text.)
+pub struct SiteSegment(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SiteSegment {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(raw)| Self(raw))
+            .map_err(|e| ApiError::bad("invalid_site", e.body_text()))
+    }
 }
 
 /// A site id from a path or query, or a 400 `invalid_site`.
