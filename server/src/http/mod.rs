@@ -25,7 +25,7 @@ mod counts;
 mod dashboard;
 mod error;
 mod hit;
-pub mod openapi;
+mod openapi;
 mod ops;
 mod ui;
 

@@ -43,7 +43,8 @@ endpoints. Every 4xx/5xx answer of the JSON API is an `ErrorBody` (`{\"error\": 
 \"message\": sentence}`); 429 and 503 answers carry `Retry-After`. Any route answers 405 \
 `method_not_allowed` to a method it does not serve, and a request whose body does not arrive \
 within the body timeout gets 408 `request_timeout`. CORS preflights (`OPTIONS`) of the \
-counting and counts endpoints answer 204.",
+counting and counts endpoints answer 204. At its connection cap the server answers a new \
+connection 503 with `Retry-After` before reading any route.",
     ),
     modifiers(&SecuritySchemes),
     tags(
