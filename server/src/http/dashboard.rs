@@ -214,6 +214,38 @@ struct SeriesResponse {
     total: Numbers,
 }
 
+/// The `{site}` of the stats paths (read as [`SiteSegment`]; only its document is derived).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct SitePath {
+    /// The site id.
+    #[param(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog")]
+    site: String,
+}
+
+/// The error answers of the stats endpoints.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // Only the document is derived: the answers are `ApiError`s.
+enum StatsErrors {
+    /// `invalid_query` (a parameter of the wrong type), `invalid_site`, `invalid_range`,
+    /// `invalid_limit` (`top`).
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// `unauthorized`: a private site, and neither the admin token nor a session.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `not_found`: no such site.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// `rate_limited`: too many wrong tokens from this network.
+    #[response(status = 429, headers(("Retry-After" = u64, description = "Seconds to wait.")))]
+    RateLimited(ErrorBody),
+    /// `busy` (every stats slot taken for 2 s), `storage_unavailable`.
+    #[response(status = 503, headers(("Retry-After" = u64, description = "Seconds to wait.")))]
+    Unavailable(ErrorBody),
+}
+
 /// Views and visitors per day of a range.
 ///
 /// With the range's total: views summed, visitors distinct over the whole range (exact).
@@ -222,17 +254,11 @@ struct SeriesResponse {
     path = "/api/v1/sites/{site}/series",
     operation_id = "series",
     tag = "stats",
-    params(("site" = String, Path, description = "The site id.", pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog"), RangeQuery),
+    params(SitePath, RangeQuery),
     security((), ("admin_token" = []), ("admin_session" = [])),
     responses(
         (status = 200, description = "Every day of the range, in order.", body = SeriesResponse),
-        (status = 400, description = "`invalid_query` (a parameter of the wrong type), `invalid_site`, `invalid_range`.", body = ErrorBody),
-        (status = 401, description = "`unauthorized`: a private site, and neither the admin token nor a session.", body = ErrorBody),
-        (status = 404, description = "`not_found`: no such site.", body = ErrorBody),
-        (status = 429, description = "`rate_limited`: too many wrong tokens from this network.",
-            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
-        (status = 503, description = "`busy` (every stats slot taken for 2 s), `storage_unavailable`.",
-            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        StatsErrors,
     )
 )]
 async fn series(
@@ -337,17 +363,11 @@ async fn top_lists(
     path = "/api/v1/sites/{site}/top",
     operation_id = "top",
     tag = "stats",
-    params(("site" = String, Path, description = "The site id.", pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog"), RangeQuery, LimitQuery),
+    params(SitePath, RangeQuery, LimitQuery),
     security((), ("admin_token" = []), ("admin_session" = [])),
     responses(
         (status = 200, description = "The lists, longest first.", body = TopResponse),
-        (status = 400, description = "`invalid_query` (a parameter of the wrong type), `invalid_site`, `invalid_range`, `invalid_limit`.", body = ErrorBody),
-        (status = 401, description = "`unauthorized`: a private site, and neither the admin token nor a session.", body = ErrorBody),
-        (status = 404, description = "`not_found`: no such site.", body = ErrorBody),
-        (status = 429, description = "`rate_limited`: too many wrong tokens from this network.",
-            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
-        (status = 503, description = "`busy` (every stats slot taken for 2 s), `storage_unavailable`.",
-            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        StatsErrors,
     )
 )]
 async fn top(
@@ -424,17 +444,11 @@ async fn event_list(
     path = "/api/v1/sites/{site}/events",
     operation_id = "site_events",
     tag = "stats",
-    params(("site" = String, Path, description = "The site id.", pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog"), RangeQuery),
+    params(SitePath, RangeQuery),
     security((), ("admin_token" = []), ("admin_session" = [])),
     responses(
         (status = 200, description = "The names, most events first.", body = EventsResponse),
-        (status = 400, description = "`invalid_query` (a parameter of the wrong type), `invalid_site`, `invalid_range`.", body = ErrorBody),
-        (status = 401, description = "`unauthorized`: a private site, and neither the admin token nor a session.", body = ErrorBody),
-        (status = 404, description = "`not_found`: no such site.", body = ErrorBody),
-        (status = 429, description = "`rate_limited`: too many wrong tokens from this network.",
-            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
-        (status = 503, description = "`busy` (every stats slot taken for 2 s), `storage_unavailable`.",
-            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        StatsErrors,
     )
 )]
 async fn events(
