@@ -14,7 +14,7 @@
 //!
 //! The public API is documented by an OpenAPI 3.1 document generated from the handlers and
 //! their types (`openapi`, served at `/api/v1/openapi.json`). Invariant: every route is
-//! either documented ([`documented`]) or a page ([`pages`]: HTML, forms, static files), and
+//! either documented (`documented()`) or a page (`pages()`: HTML, forms, static files), and
 //! no page is under `/api/`, `/badge/` or an operations path; a unit test enforces it.
 
 mod assets;
