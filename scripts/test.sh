@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite — what CI runs (after .ci/run installed what a fresh machine lacks):
 # formatting, clippy -D warnings, every Rust test (unit, integration over real HTTP with real
-# SQLite files, kill -9 crash test, store conformance), the proof that the committed snippet
+# SQLite files, kill -9 crash test, store conformance), schemathesis against a live server
+# (every answer conforms to /api/v1/openapi.json, no 5xx), the proof that the committed snippet
 # in static/ was built from the current sources, and the browser suite in headless Chromium
 # against the real binary.
 set -euo pipefail
@@ -18,6 +19,8 @@ step "cargo test"
 cargo test --workspace -- --skip connections::
 step "cargo test: connection timeouts, one at a time"
 cargo test -p tally --test it connections:: -- --test-threads=1
+step "API conformance: schemathesis against a live server (scripts/api-test.sh)"
+scripts/api-test.sh
 step "committed snippet is current"
 scripts/check-snippet.sh
 step "snippet size budget (SPEC §3: gzip -9, loader <= 1 KB, all <= 8 KB)"

@@ -9,6 +9,9 @@
 //!   answers with a precise error code when one is malformed, so this crate stays free of any
 //!   validation logic and small enough for the WebAssembly client.
 //! - Nothing here allocates beyond what serde needs; nothing here panics.
+//! - With the `openapi` feature (the collector's, never the WebAssembly client's) every type
+//!   also derives `utoipa::ToSchema`: the collector's OpenAPI document describes these very
+//!   types, with the constraints the collector enforces written next to the fields.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,32 +29,77 @@ pub const TYPE_EVENT: &str = "event";
 
 /// One page view or custom event: the body of `POST /api/v1/hit`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(example = json!({
+        "site": "blog", "type": "pageview",
+        "event_id": "019a2b3c-4d5e-7f60-8a1b-2c3d4e5f6071",
+        "visitor_id": "3f0c9a52-8f5e-4b4a-9d61-0c2a7d1e5b8f",
+        "url": "https://blog.example/posts/hello", "referrer": "https://news.example/item?id=1"
+    }))
+)]
 pub struct Hit {
     /// Site id, `[a-z0-9][a-z0-9._-]{0,63}`.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog")
+    )]
     pub site: String,
-    /// [`TYPE_PAGEVIEW`] or [`TYPE_EVENT`].
+    /// `pageview` or `event`.
     #[serde(rename = "type")]
+    #[cfg_attr(feature = "openapi", schema(value_type = HitType))]
     pub kind: String,
-    /// A UUIDv7 made by the client for this one event; retries reuse it.
+    /// A UUIDv7 made by the client for this one event; retries reuse it. Its time must lie in
+    /// the collector's window (by default 24 h back, 5 min ahead).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            format = "uuid",
+            pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-7[0-9a-fA-F]{3}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+        )
+    )]
     pub event_id: String,
     /// The anonymous visitor id (a UUID), or `null` when the client keeps none.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(format = "uuid"))]
     pub visitor_id: Option<String>,
     /// Absolute http(s) URL of the page.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(format = "uri", pattern = "^[hH][tT][tT][pP][sS]?://")
+    )]
     pub url: String,
     /// Absolute URL of the referring page, or `null`.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(format = "uri"))]
     pub referrer: Option<String>,
-    /// Event name (required for `type = "event"`).
+    /// Event name (required for `type = "event"`): 1–64 characters, no control characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 64))]
     pub name: Option<String>,
-    /// Dedupe key of a custom event: counted once per (site, name, dedupe).
+    /// Dedupe key of a custom event: counted once per (site, name, dedupe); 1–128 characters,
+    /// no control characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 128))]
     pub dedupe: Option<String>,
+}
+
+/// The `type` of a hit: `pageview`, or `event` (with a `name`). (In Rust the field is a
+/// string, so an unknown type is answered `invalid_type`, not a parse error.)
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum HitType {
+    /// A page view.
+    Pageview,
+    /// A custom event (`name` required).
+    Event,
 }
 
 /// How the collector treated one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// Stored and counted.
@@ -68,6 +116,7 @@ pub enum Status {
 
 /// Answer of `POST /api/v1/hit`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HitResponse {
     pub status: Status,
     /// Present when the request asked for `?counts=1`.
@@ -77,12 +126,17 @@ pub struct HitResponse {
 
 /// Body of `POST /api/v1/events`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Batch {
+    /// At most 500 records; each is judged on its own (an invalid one is
+    /// `rejected` in its result, the others still count).
+    #[cfg_attr(feature = "openapi", schema(max_items = 500))]
     pub events: Vec<Hit>,
 }
 
 /// One result of a batch, in the order of the records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BatchResult {
     /// The record's event id as sent (may be absent when the record was not an object).
     pub event_id: Option<String>,
@@ -94,12 +148,14 @@ pub struct BatchResult {
 
 /// Answer of `POST /api/v1/events`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BatchResponse {
     pub results: Vec<BatchResult>,
 }
 
 /// Views and visitors of one scope.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Numbers {
     pub views: u64,
     pub visitors: u64,
@@ -107,6 +163,7 @@ pub struct Numbers {
 
 /// All-time numbers plus today's (in the site's time zone).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScopeCounts {
     pub views: u64,
     pub visitors: u64,
@@ -115,6 +172,7 @@ pub struct ScopeCounts {
 
 /// Events and distinct visitors of the live window (the last 60 s).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Live {
     pub events: u64,
     pub visitors: u64,
@@ -122,6 +180,7 @@ pub struct Live {
 
 /// Answer of `GET /api/v1/counts` (and `counts` of a hit answer).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Counts {
     pub site: ScopeCounts,
     pub page: ScopeCounts,
@@ -130,8 +189,15 @@ pub struct Counts {
 
 /// Every 4xx/5xx body: a stable snake_case code and a sentence for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(example = json!({"error": "malformed_json", "message": "body is not valid JSON: EOF while parsing an object at line 1 column 14"}))
+)]
 pub struct ErrorBody {
+    /// The stable snake_case code (`malformed_json`, `unknown_site`, `rate_limited`, …).
     pub error: String,
+    /// A sentence for people; its wording may change.
     pub message: String,
 }
 

@@ -69,7 +69,7 @@ impl Reason {
 }
 
 /// Views not counted over a range, by reason.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct FilteredCounts {
     pub bot: u64,
     pub empty_user_agent: u64,

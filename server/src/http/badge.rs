@@ -17,15 +17,16 @@
 
 use std::net::SocketAddr;
 
-use axum::Router;
-use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use serde::{Deserialize, Serialize};
+use tally_wire::ErrorBody;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::hit::{Sender, filter_reason, observe};
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, SiteSegment};
 use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
 use crate::core::counts::present;
 use crate::core::filtered::Reason;
@@ -36,22 +37,25 @@ use crate::limits::{Lane, is_image_proxy};
 use crate::privacy::random_bytes;
 use crate::store::Site;
 
-pub fn router() -> Router<AppState> {
-    Router::new().route("/badge/{file}", get(badge))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(badge))
 }
 
-pub fn pixel_router() -> Router<AppState> {
-    Router::new().route("/api/v1/pixel.gif", get(pixel))
+pub fn pixel_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(pixel))
 }
 
 /// What a server-side counted view ended as (also sent as `X-Tally-Status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, utoipa::ToSchema)]
+#[schema(as = ViewStatus, rename_all = "snake_case")]
 pub enum ViewStatus {
     Accepted,
     Duplicate,
     Suppressed,
     Filtered,
     RateLimited,
+    /// `display_only`: `count=0`, or a `HEAD`.
+    #[schema(rename = "display_only")]
     NotCounted,
 }
 
@@ -165,19 +169,31 @@ fn parse_page(raw: Option<&str>) -> Result<Option<PagePath>, ApiError> {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// A badge's parameters. An invalid value of any of them is replaced by its default (named in
+/// `X-Tally-Warning`): a badge never breaks.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct BadgeQuery {
+    /// The page's path; the whole site when absent (a path without its leading `/` gets one).
+    #[param(example = "/README")]
     page: Option<String>,
+    /// `views` (default), `visitors` or `today` (today's views).
+    #[param(example = "views")]
     metric: Option<String>,
+    /// The left-hand text (default: the metric's name).
     label: Option<String>,
+    /// The value's colour: a shields name (`brightgreen`, `blue`, …) or hex (`4c1`, `#007ec6`).
+    #[param(example = "brightgreen")]
     color: Option<String>,
     /// Shields' name; `label_color` is accepted too.
     #[serde(rename = "labelColor", alias = "label_color")]
     label_color: Option<String>,
+    /// `flat` (default), `flat-square`, `plastic` or `for-the-badge`.
+    #[param(example = "flat")]
     style: Option<String>,
-    /// `1`/`true`: show 12.3k instead of 12,345.
+    /// `1`/`true`/`yes`: show 12.3k instead of 12,345.
     abbreviate: Option<String>,
-    /// `0`/`false`: display only, do not count.
+    /// `0`/`false`/`no`: display only, do not count.
     count: Option<String>,
 }
 
@@ -263,9 +279,10 @@ impl BadgeParams {
 }
 
 /// The shields endpoint-badge JSON (`https://shields.io/badges/endpoint-badge`).
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct EndpointBadge {
+    /// Always 1.
     schema_version: u8,
     label: String,
     message: String,
@@ -274,11 +291,62 @@ struct EndpointBadge {
     label_color: Option<String>,
 }
 
+/// The badge's file: `{site}.svg` or `{site}.json`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // Read as a `String` (the router cannot split a segment): only documented.
+struct BadgeFile {
+    /// `{site}.svg` (the SVG badge) or `{site}.json` (shields' endpoint badge).
+    #[param(
+        pattern = "^[a-z0-9][a-z0-9._-]{0,63}\\.(svg|json)$",
+        example = "blog.svg"
+    )]
+    file: String,
+}
+
+/// A counter badge, as SVG or as shields' endpoint badge.
+///
+/// `{site}.svg` is the badge; `{site}.json` the same numbers in shields' endpoint-badge
+/// schema. Each fetch counts a view (badge source; a repeat from one source within the repeat
+/// interval counts once) unless `count=0`; `HEAD` never counts. Over its allowance a fetch
+/// still gets its badge, uncounted (`X-Tally-Status: rate_limited`).
+#[utoipa::path(
+    get,
+    path = "/badge/{file}",
+    operation_id = "badge",
+    tag = "badges",
+    params(
+        BadgeFile,
+        BadgeQuery,
+        ("If-None-Match" = Option<String>, Header, description = "An `ETag` of an earlier answer: 304 when the SVG is unchanged."),
+    ),
+    responses(
+        (status = 200, description = "The badge; never cached.",
+            content(
+                (String = "image/svg+xml"),
+                (EndpointBadge = "application/json"),
+            ),
+            headers(
+                ("X-Tally-Status" = inline(ViewStatus), description = "What the fetch counted."),
+                ("X-Tally-Warning" = String, description = "The invalid parameters replaced by their defaults."),
+                ("ETag" = String, description = "Entity tag of the SVG."),
+            )),
+        (status = 304, description = "The SVG is unchanged (`If-None-Match` matched); the fetch was still judged.",
+            headers(("X-Tally-Status" = inline(ViewStatus), description = "What the fetch counted."))),
+        (status = 400, description = "`invalid_site`.", body = ErrorBody),
+        (status = 403, description = "`unknown_site`, `site_limit_reached`.", body = ErrorBody),
+        (status = 404, description = "`not_found`: the file ends neither in `.svg` nor `.json`.", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: this address may create no more sites now (auto-sites).",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "`overloaded`, `storage_unavailable`, `disk_full`.",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 async fn badge(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     method: Method,
-    Path(file): Path<String>,
+    SiteSegment(file): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<BadgeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -400,12 +468,42 @@ const PIXEL: &[u8] = &[
     0x01, 0x00, 0x01, 0x00, 0x00, 0x02, 0x02, 0x44, 0x01, 0x00, 0x3b,
 ];
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct PixelQuery {
+    /// The site id.
+    #[param(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog")]
     site: String,
+    /// The page's path; without it, the path of the embedding page (`Referer`), else `/`.
+    #[param(pattern = "^/([^/]|$)", example = "/posts/hello")]
     page: Option<String>,
 }
 
+/// A counting transparent 1×1 GIF for `<noscript>`.
+///
+/// Each fetch is a page view (web source) unless it is a repeat from one source within the
+/// repeat interval, or over the address's allowance (the image is still sent). `HEAD` never
+/// counts. The `Referer`'s origin must be one the site allows.
+#[utoipa::path(
+    get,
+    path = "/api/v1/pixel.gif",
+    operation_id = "pixel",
+    tag = "badges",
+    params(
+        PixelQuery,
+        ("Referer" = Option<String>, Header, description = "The embedding page: its path is the page when `page` is absent, and its origin must be one the site allows (403 `origin_not_allowed`).", example = "https://blog.example/posts/hello"),
+    ),
+    responses(
+        (status = 200, description = "The 43-byte GIF.", content_type = "image/gif", body = String,
+            headers(("X-Tally-Status" = inline(ViewStatus), description = "What the fetch counted."))),
+        (status = 400, description = "`invalid_query` (no `site`), `invalid_site`, `invalid_page`.", body = ErrorBody),
+        (status = 403, description = "`unknown_site`, `origin_not_allowed`, `site_limit_reached`.", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: this address may create no more sites now (auto-sites).",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "`overloaded`, `storage_unavailable`, `disk_full`.",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 async fn pixel(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,

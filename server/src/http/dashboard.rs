@@ -17,18 +17,20 @@ use askama::Template;
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{ConnectInfo, Form, Path, Query, State};
+use axum::extract::{ConnectInfo, Form, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
-use tally_wire::Numbers;
+use tally_wire::{ErrorBody, Numbers};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use std::net::SocketAddr;
 
 use super::auth::COOKIE;
 use super::ui::html;
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, SiteSegment};
 use crate::core::badge::group;
 use crate::core::chart::{DayPoint, daily_chart};
 use crate::core::counts::combine;
@@ -45,24 +47,61 @@ pub fn router() -> Router<AppState> {
         .route("/dashboard/{site}/logout", post(logout))
 }
 
-pub fn api_router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/sites/{site}/series", get(series))
-        .route("/api/v1/sites/{site}/top", get(top))
-        .route("/api/v1/sites/{site}/events", get(events))
-        .route("/api/v1/sites/{site}/filtered", get(filtered))
+pub fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(series))
+        .routes(routes!(top))
+        .routes(routes!(events))
+        .routes(routes!(filtered))
 }
 
 /// Most custom event names listed (ranked in the database).
 const EVENTS_LIMIT: u32 = 50;
 
 /// Range selection shared by the page and the JSON.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct RangeQuery {
+    /// A named range ending today in the site's time zone (default `30d`).
+    #[param(schema_with = range_names)]
     range: Option<String>,
+    /// First day (`YYYY-MM-DD`) of an explicit range, which replaces `range`: give both `from`
+    /// and `to`, or neither. A range spans at most 366 days.
+    #[param(value_type = Option<String>, format = Date, example = "2026-05-01")]
     from: Option<String>,
+    /// Last day (`YYYY-MM-DD`, inclusive) of an explicit range.
+    #[param(value_type = Option<String>, format = Date, example = "2026-05-31")]
     to: Option<String>,
+}
+
+/// The length of the top lists (the page and `top`).
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct LimitQuery {
+    /// Rows of each list, 1 to 100 (default 10).
+    #[param(minimum = 1, maximum = 100)]
     limit: Option<u32>,
+}
+
+impl LimitQuery {
+    fn limit(&self) -> Result<u32, ApiError> {
+        match self.limit {
+            None => Ok(10),
+            Some(n @ 1..=100) => Ok(n),
+            Some(_) => Err(ApiError::bad("invalid_limit", "limit must be 1 to 100")),
+        }
+    }
+}
+
+/// The document of `range`: the names of [`RANGES`].
+fn range_names() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(RANGES.iter().map(|(key, _)| *key)))
+        .description(Some(
+            "A named range ending today in the site's time zone (default `30d`).",
+        ))
+        .build()
 }
 
 const RANGES: [(&str, &str); 5] = [
@@ -91,14 +130,6 @@ impl RangeQuery {
                 "invalid_range",
                 "give both from and to, or neither",
             )),
-        }
-    }
-
-    fn limit(&self) -> Result<u32, ApiError> {
-        match self.limit {
-            None => Ok(10),
-            Some(n @ 1..=100) => Ok(n),
-            Some(_) => Err(ApiError::bad("invalid_limit", "limit must be 1 to 100")),
         }
     }
 }
@@ -133,20 +164,12 @@ async fn scope(
     peer: SocketAddr,
     headers: &HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
-) -> Result<
-    (
-        Site,
-        DayRange,
-        RangeQuery,
-        tokio::sync::OwnedSemaphorePermit,
-    ),
-    ApiError,
-> {
+) -> Result<(Site, DayRange, tokio::sync::OwnedSemaphorePermit), ApiError> {
     let q = super::query(query)?;
     let (site, _) = authorised(state, raw, peer, headers).await?;
     let (range, _) = q.resolve(state, &site)?;
     let slot = state.stats_slot().await?;
-    Ok((site, range, q, slot))
+    Ok((site, range, slot))
 }
 
 async fn daily_points(
@@ -175,14 +198,14 @@ async fn daily_points(
         .collect())
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct SeriesDay {
     day: String,
     views: u64,
     visitors: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct SeriesResponse {
     site: String,
     timezone: String,
@@ -193,14 +216,61 @@ struct SeriesResponse {
     total: Numbers,
 }
 
+/// The `{site}` of the stats paths (read as [`SiteSegment`]; only its document is derived).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct SitePath {
+    /// The site id.
+    #[param(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog")]
+    site: String,
+}
+
+/// The error answers of the stats endpoints.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // Only the document is derived: the answers are `ApiError`s.
+enum StatsErrors {
+    /// `invalid_query` (a parameter of the wrong type), `invalid_site`, `invalid_range`,
+    /// `invalid_limit` (`top`).
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// `unauthorized`: a private site, and neither the admin token nor a session.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `not_found`: no such site.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// `rate_limited`: too many wrong tokens from this network.
+    #[response(status = 429, headers(("Retry-After" = u64, description = "Seconds to wait.")))]
+    RateLimited(ErrorBody),
+    /// `busy` (every stats slot taken for 2 s), `storage_unavailable`.
+    #[response(status = 503, headers(("Retry-After" = u64, description = "Seconds to wait.")))]
+    Unavailable(ErrorBody),
+}
+
+/// Views and visitors per day of a range.
+///
+/// With the range's total: views summed, visitors distinct over the whole range (exact).
+#[utoipa::path(
+    get,
+    path = "/api/v1/sites/{site}/series",
+    operation_id = "series",
+    tag = "stats",
+    params(SitePath, RangeQuery),
+    security((), ("admin_token" = []), ("admin_session" = [])),
+    responses(
+        (status = 200, description = "Every day of the range, in order.", body = SeriesResponse),
+        StatsErrors,
+    )
+)]
 async fn series(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
-    let (site, range, _, _slot) = scope(&state, &raw, peer, &headers, query).await?;
+    let (site, range, _slot) = scope(&state, &raw, peer, &headers, query).await?;
     let points = daily_points(&state, &site, range).await?;
     let total = combine(
         state
@@ -225,20 +295,20 @@ async fn series(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct TopPageJson {
     page: String,
     views: u64,
     visitors: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct TopReferrerJson {
     host: String,
     views: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct TopResponse {
     site: String,
     from: String,
@@ -289,15 +359,30 @@ async fn top_lists(
     ))
 }
 
+/// The most viewed pages and the top referrer hosts of a range.
+#[utoipa::path(
+    get,
+    path = "/api/v1/sites/{site}/top",
+    operation_id = "top",
+    tag = "stats",
+    params(SitePath, RangeQuery, LimitQuery),
+    security((), ("admin_token" = []), ("admin_session" = [])),
+    responses(
+        (status = 200, description = "The lists, longest first.", body = TopResponse),
+        StatsErrors,
+    )
+)]
 async fn top(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
+    limit: Result<Query<LimitQuery>, QueryRejection>,
 ) -> Result<Json<TopResponse>, ApiError> {
-    let (site, range, q, _slot) = scope(&state, &raw, peer, &headers, query).await?;
-    let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
+    let limit = super::query(limit)?;
+    let (site, range, _slot) = scope(&state, &raw, peer, &headers, query).await?;
+    let (pages, referrers) = top_lists(&state, &site, range, limit.limit()?).await?;
     Ok(Json(TopResponse {
         site: site.id.to_string(),
         from: range.from.to_string(),
@@ -307,20 +392,20 @@ async fn top(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct EventDayJson {
     day: String,
     count: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct EventJson {
     name: String,
     count: u64,
     days: Vec<EventDayJson>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct EventsResponse {
     site: String,
     from: String,
@@ -353,14 +438,29 @@ async fn event_list(
         .collect())
 }
 
+/// Custom events of a range.
+///
+/// The 50 names with most events in the range, each with its days.
+#[utoipa::path(
+    get,
+    path = "/api/v1/sites/{site}/events",
+    operation_id = "site_events",
+    tag = "stats",
+    params(SitePath, RangeQuery),
+    security((), ("admin_token" = []), ("admin_session" = [])),
+    responses(
+        (status = 200, description = "The names, most events first.", body = EventsResponse),
+        StatsErrors,
+    )
+)]
 async fn events(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<EventsResponse>, ApiError> {
-    let (site, range, _, _slot) = scope(&state, &raw, peer, &headers, query).await?;
+    let (site, range, _slot) = scope(&state, &raw, peer, &headers, query).await?;
     let events = event_list(&state, &site, range).await?;
     Ok(Json(EventsResponse {
         site: site.id.to_string(),
@@ -370,10 +470,13 @@ async fn events(
     }))
 }
 
-#[derive(Serialize)]
+/// Views of a site not counted over a range.
+#[derive(Serialize, utoipa::ToSchema)]
 struct FilteredResponse {
     site: String,
+    /// First local day of the range (`YYYY-MM-DD`).
     from: String,
+    /// Last local day of the range.
     to: String,
     /// Views not counted, by reason.
     filtered: FilteredCounts,
@@ -381,16 +484,29 @@ struct FilteredResponse {
     total: u64,
 }
 
-/// Views of a site not counted over a range, by reason (bots, no user agent, repeats of a
-/// badge or pixel, over the address allowance).
+/// Views not counted over a range.
+///
+/// By reason: bots, no user agent, repeats of a badge or pixel, over the address allowance.
+#[utoipa::path(
+    get,
+    path = "/api/v1/sites/{site}/filtered",
+    operation_id = "site_filtered",
+    tag = "stats",
+    params(SitePath, RangeQuery),
+    security((), ("admin_token" = []), ("admin_session" = [])),
+    responses(
+        (status = 200, description = "The views not counted, by reason.", body = FilteredResponse),
+        StatsErrors,
+    )
+)]
 async fn filtered(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
 ) -> Result<Json<FilteredResponse>, ApiError> {
-    let (site, range, _, _slot) = scope(&state, &raw, peer, &headers, query).await?;
+    let (site, range, _slot) = scope(&state, &raw, peer, &headers, query).await?;
     let filtered = state
         .filtered_counts(&site.id, range.from, range.to)
         .await?;
@@ -554,11 +670,13 @@ fn share(n: u64, top: u64) -> u64 {
 async fn page(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
+    limit: Result<Query<LimitQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = super::query(query)?;
+    let limit = super::query(limit)?;
     let (site, signed_in) = match authorised(&state, &raw, peer, &headers).await {
         Ok(found) => found,
         Err(ApiError::Unauthorized) => return Ok(login_page(raw, false, None)),
@@ -606,7 +724,7 @@ async fn page(
     });
 
     let chart = daily_chart(&daily_points(&state, &site, range).await?);
-    let (pages, referrers) = top_lists(&state, &site, range, q.limit()?).await?;
+    let (pages, referrers) = top_lists(&state, &site, range, limit.limit()?).await?;
     let events = event_list(&state, &site, range).await?;
     let not_counted = state
         .filtered_counts(&site.id, range.from, range.to)
@@ -708,7 +826,7 @@ fn see_other(to: &str) -> Response {
 async fn login(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, ApiError> {
@@ -733,7 +851,7 @@ async fn login(
 /// the site's dashboard.
 async fn logout(
     State(state): State<AppState>,
-    Path(raw): Path<String>,
+    SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = super::site_id(&raw)?;

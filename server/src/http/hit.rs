@@ -19,17 +19,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, RawQuery, State};
 use axum::http::{HeaderMap, header};
-use axum::routing::post;
+use axum::response::Response;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tally_wire::{
-    BatchResponse, BatchResult, Hit, HitResponse, MAX_BATCH_BYTES, MAX_BATCH_RECORDS,
-    MAX_HIT_BYTES, Status,
+    Batch, BatchResponse, BatchResult, ErrorBody, Hit, HitResponse, MAX_BATCH_BYTES,
+    MAX_BATCH_RECORDS, MAX_HIT_BYTES, Status,
 };
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::error::json_error;
 use super::{ApiError, AppState, MAX_USER_AGENT_BYTES, check_content_type, origin, read_body};
@@ -41,10 +42,44 @@ use crate::core::record::{Outcome, Record, Source};
 use crate::limits::{Lane, Refusal};
 use crate::store::Site;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/hit", post(hit).options(super::preflight))
-        .route("/api/v1/events", post(events).options(super::preflight))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(hit, hit_preflight))
+        .routes(routes!(events, events_preflight))
+}
+
+/// The query of `POST /api/v1/hit`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // Read by hand (`wants_counts`): only its document is derived.
+struct HitQuery {
+    /// `1`, `true` or empty: answer with the counts of the site and page after this hit
+    /// (one request for a page's counter); any other value is ignored.
+    counts: Option<String>,
+}
+
+/// CORS preflight of `POST /api/v1/hit`.
+#[utoipa::path(
+    options,
+    path = "/api/v1/hit",
+    operation_id = "hit_preflight",
+    tag = "counting",
+    responses((status = 204, description = "Preflight answered: `POST` with `Content-Type` allowed; the `Origin` is echoed."))
+)]
+async fn hit_preflight() -> Response {
+    super::preflight().await
+}
+
+/// CORS preflight of `POST /api/v1/events`.
+#[utoipa::path(
+    options,
+    path = "/api/v1/events",
+    operation_id = "events_preflight",
+    tag = "counting",
+    responses((status = 204, description = "Preflight answered: `POST` with `Content-Type` allowed; the `Origin` is echoed."))
+)]
+async fn events_preflight() -> Response {
+    super::preflight().await
 }
 
 /// What the request says about its sender.
@@ -332,6 +367,44 @@ fn rejected(state: &AppState, e: ApiError) -> ApiError {
     e
 }
 
+/// Count one page view or custom event.
+///
+/// The answer comes after the record is committed; a retry with the same `event_id` answers
+/// `duplicate` and changes nothing.
+#[utoipa::path(
+    post,
+    path = "/api/v1/hit",
+    operation_id = "hit",
+    tag = "counting",
+    params(HitQuery, ("Origin" = Option<String>, Header, description = "The sending page's origin, when a browser sends one: it must be one of the site's allowed origins (403 `origin_not_allowed`).", example = "https://blog.example")),
+    request_body(
+        description = "One record, as JSON; sent as `application/json` or as `text/plain` \
+(beacons). At most 8 KiB.",
+        content(
+            (Hit = "application/json"),
+            (Hit = "text/plain"),
+        ),
+    ),
+    security((), ("ingest_key" = [])),
+    responses(
+        (status = 200, description = "Judged: `accepted`, `duplicate` or `filtered` (a bot or \
+an empty user agent: not counted).", body = HitResponse),
+        (status = 400, description = "Malformed or invalid: `empty_body`, `malformed_json`, \
+`invalid_field`, `invalid_site`, `invalid_type`, `invalid_event_id`, \
+`event_id_out_of_window`, `invalid_visitor_id`, `invalid_url`, `invalid_referrer`, \
+`invalid_name`, `invalid_dedupe`, `unreadable_body`, `batch_over_allowance`.", body = ErrorBody),
+        (status = 401, description = "`invalid_ingest_key`: a bearer key that is not the site's.", body = ErrorBody),
+        (status = 403, description = "`unknown_site`, `origin_not_allowed` (the `Origin` is not \
+one of the site's), `site_limit_reached` (auto-sites: no more sites may be created).", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body did not arrive in time.", body = ErrorBody),
+        (status = 413, description = "`body_too_large`: over 8 KiB.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: neither JSON nor text/plain.", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: this address's allowance (or its new sites, \
+or its wrong keys) is used up.", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "Nothing was counted: `overloaded`, `storage_unavailable`, \
+`disk_full`.", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 async fn hit(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -424,6 +497,41 @@ fn event_id_of(raw: &RawValue) -> Option<String> {
         .and_then(|r| r.event_id)
 }
 
+/// Count a batch of records.
+///
+/// For the snippet's queue, an import, a shop's server. Each record is judged on its own and
+/// answered in order; an invalid one is `rejected` with its error code while the others
+/// count. A failure that no record can escape (503, 429) fails the whole batch, so the client
+/// retries it.
+#[utoipa::path(
+    post,
+    path = "/api/v1/events",
+    operation_id = "events",
+    tag = "counting",
+    params(("Origin" = Option<String>, Header, description = "The sending page's origin, when a browser sends one: it must be one of the site's allowed origins (403 `origin_not_allowed`).", example = "https://blog.example")),
+    request_body(
+        description = "At most 500 records and 4 MiB, as JSON; sent as `application/json` or \
+`text/plain`.",
+        content(
+            (Batch = "application/json"),
+            (Batch = "text/plain"),
+        ),
+    ),
+    security((), ("ingest_key" = [])),
+    responses(
+        (status = 200, description = "One result per record, in order.", body = BatchResponse),
+        (status = 400, description = "The batch as a whole: `empty_body`, `malformed_json`, \
+`invalid_field` (no `events` array), `batch_too_large` (over 500 records), \
+`batch_over_allowance`, `unreadable_body`.", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body did not arrive in time.", body = ErrorBody),
+        (status = 413, description = "`body_too_large`: over 4 MiB.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: neither JSON nor text/plain.", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: this address's allowance (or its new sites, \
+or its wrong keys) is used up.", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "Nothing was counted: `overloaded` (also: too many batches \
+at once), `storage_unavailable`, `disk_full`.", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 async fn events(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,

@@ -11,6 +11,11 @@
 //! the configured forwarding header ([`crate::core::forwarded`]).
 //!
 //! gzip/brotli compression of text answers (`compress`).
+//!
+//! The public API is documented by an OpenAPI 3.1 document generated from the handlers and
+//! their types (`openapi`, served at `/api/v1/openapi.json`). Invariant: every route is
+//! either documented (`documented()`) or a page (`pages()`: HTML, forms, static files), and
+//! no page is under `/api/`, `/badge/` or an operations path; a unit test enforces it.
 
 mod assets;
 pub mod auth;
@@ -20,6 +25,7 @@ mod counts;
 mod dashboard;
 mod error;
 mod hit;
+mod openapi;
 mod ops;
 mod ui;
 
@@ -29,11 +35,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Router};
 
 pub use error::ApiError;
 
@@ -308,24 +314,52 @@ pub(crate) fn constant_time_eq(a: &str, b: &str) -> bool {
 
 /// The whole application.
 pub fn app(state: AppState) -> Router {
-    let api = Router::new()
+    let (routes, doc) = routes();
+    routes
+        .layer(Extension(openapi::Document::new(&doc)))
+        .layer(middleware::from_fn(nosniff))
+        .layer(compress::layer())
+        .with_state(state)
+}
+
+/// The OpenAPI document of the public API.
+pub fn openapi_document() -> utoipa::openapi::OpenApi {
+    routes().1
+}
+
+/// Every route of the app, and the document of the documented ones. [`app`] adds only layers
+/// and the state.
+fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let (documented, mut doc) = documented().split_for_parts();
+    openapi::complete(&mut doc);
+    let routes = Router::new()
+        .merge(documented)
+        .merge(pages())
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed });
+    (routes, doc)
+}
+
+/// The public API: every route here is in the document (`utoipa_axum::routes!` registers a
+/// handler's route and its operation together).
+fn documented() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    use utoipa::OpenApi;
+    let api = utoipa_axum::router::OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(hit::router())
         .merge(counts::router())
         .merge(badge::pixel_router())
         .merge(dashboard::api_router())
+        .merge(openapi::router())
         .layer(middleware::from_fn(api_headers));
+    api.merge(ops::router()).merge(badge::router())
+}
+
+/// The pages: HTML, its forms and static files, and the snippet. Not part of the API document.
+fn pages() -> Router<AppState> {
     Router::new()
-        .merge(api)
-        .merge(ops::router())
-        .merge(badge::router())
         .merge(dashboard::router())
         .merge(assets::router())
         .merge(ui::router())
-        .fallback(|| async { ApiError::NotFound("no such route".into()) })
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(middleware::from_fn(nosniff))
-        .layer(compress::layer())
-        .with_state(state)
 }
 
 /// `X-Content-Type-Options: nosniff` on every answer: browsers use the declared type only.
@@ -366,7 +400,10 @@ async fn api_headers(request: Request, next: Next) -> Response {
         );
     }
     h.append(header::VARY, HeaderValue::from_static("Origin"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // Only the document says it may be cached; every other API answer is live.
+    if !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
     response
 }
 
@@ -396,6 +433,25 @@ pub fn query<T>(
     parsed
         .map(|q| q.0)
         .map_err(|e| ApiError::bad("invalid_query", e.body_text()))
+}
+
+/// The one path parameter of a route (`{site}`, or a badge's `{file}`), or a 400
+/// `invalid_site` in JSON. (axum's own rejection, for a segment that is not UTF-8 once
+/// percent-decoded, is plain text.)
+pub struct SiteSegment(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SiteSegment {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(raw)| Self(raw))
+            .map_err(|e| ApiError::bad("invalid_site", e.body_text()))
+    }
 }
 
 /// A site id from a path or query, or a 400 `invalid_site`.

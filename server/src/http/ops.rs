@@ -8,23 +8,50 @@
 
 use std::net::SocketAddr;
 
-use axum::Router;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use tally_wire::ErrorBody;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::{ApiError, AppState};
 use crate::metrics::{CLASSIC_CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE};
 use crate::store::StoreError;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
 }
 
+/// Liveness: the process answers.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "operations",
+    responses((status = 200, description = "`ok`.", content_type = "text/plain", body = String, example = "ok\n"))
+)]
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Readiness.
+///
+/// Ready when the storage probe passes (the database file is the one opened, the disk is
+/// above its floor, a read works) and the ingest queue has room.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "`ready`.", content_type = "text/plain", body = String, example = "ready\n"),
+        (status = 503, description = "`not ready: …` and why.", content_type = "text/plain", body = String),
+    )
+)]
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let room = state.ingest.depth() < state.config.ingest.capacity;
     let probe = state.store.probe().await;
@@ -54,6 +81,28 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
+/// Prometheus metrics.
+///
+/// The classic text format 0.0.4, or OpenMetrics 1.0 when `Accept` names
+/// `application/openmetrics-text`. Open unless `--metrics-token` is set.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "operations",
+    security((), ("metrics_token" = [])),
+    responses(
+        (status = 200, description = "The metrics.",
+            content(
+                (String = "text/plain"),
+                (String = "application/openmetrics-text"),
+            )),
+        (status = 401, description = "`unauthorized`: a metrics token is set and was not given.",
+            body = ErrorBody, headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"metrics\"`."))),
+        (status = 429, description = "`rate_limited`: too many wrong tokens from this network.",
+            body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 async fn metrics(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,

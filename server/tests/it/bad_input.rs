@@ -246,3 +246,36 @@ async fn every_bad_input_gets_its_4xx_and_counts_do_not_move() {
     );
     app.stop().await;
 }
+
+/// Found by probing the OpenAPI document's promises: a `{site}` or badge `{file}` segment that
+/// is not UTF-8 once percent-decoded got axum's plain-text 400, not the JSON error body.
+#[tokio::test]
+async fn a_path_segment_that_is_not_utf8_gets_a_json_400() {
+    let mut app = spawn_app().await;
+    for path in [
+        "/api/v1/sites/%FF/series",
+        "/api/v1/sites/%FF/top",
+        "/api/v1/sites/%C3%28/events",
+        "/badge/%FF.svg",
+        "/badge/%FF.json",
+        "/dashboard/%FF",
+    ] {
+        let r = app.get(path).await;
+        assert_eq!(r.status(), 400, "{path}");
+        let content_type = r.headers()["content-type"].to_str().expect("ascii");
+        assert_eq!(content_type, "application/json", "{path}");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"], "invalid_site", "{path}: {v}");
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let r = app
+        .client
+        .post(app.url("/dashboard/%FF/logout"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"], "invalid_site");
+    app.stop().await;
+}
