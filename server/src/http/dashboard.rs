@@ -259,13 +259,7 @@ async fn top_lists(
         .await?;
     let referrers = state
         .store
-        .top_referrers(
-            &site.id,
-            range.from,
-            range.to,
-            site.zone.span(range.from, range.to),
-            limit,
-        )
+        .top_referrers(&site.id, range.from, range.to, limit)
         .await?;
     Ok((
         pages
