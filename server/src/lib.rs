@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod privacy;
 pub mod secrets;
 pub mod serve;
+pub mod shared;
 pub mod sites;
 pub mod store;
 

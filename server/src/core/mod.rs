@@ -8,6 +8,7 @@
 
 pub mod badge;
 pub mod chart;
+pub mod classify;
 pub mod clock;
 pub mod counts;
 pub mod day;

@@ -41,20 +41,18 @@ use crate::bots::BotList;
 use crate::config::ServeConfig;
 use crate::core::clock::Clock;
 use crate::core::filtered::{FilterTally, FilteredCounts, Reason};
-use crate::core::ids::{PagePath, SiteId};
-use crate::core::live::LiveWindow;
+use crate::core::ids::SiteId;
 use crate::core::net::ClientNet;
-use crate::core::suppress::Suppressor;
 use crate::ingest::Ingest;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::privacy::SourceHasher;
 use crate::secrets::ServerSecret;
-use crate::sites::SiteRegistry;
+use crate::shared::{
+    LiveState, MemoryLive, MemoryRepeatGate, MemorySiteCache, RateLimiter, RepeatGate,
+};
+use crate::sites::{MAX_CACHED, SITE_TTL, SiteRegistry};
 use crate::store::Store;
-
-/// Live-window key: a whole site (`None`) or one of its pages.
-pub type LiveKey = (SiteId, Option<PagePath>);
 
 /// User agents whose bot verdict is remembered (by a 64-bit hash: 16 bytes an entry, however
 /// long the agent).
@@ -94,19 +92,18 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     pub config: Arc<ServeConfig>,
     pub metrics: Arc<Metrics>,
-    /// This collector's live window (events of the last N seconds).
-    pub live: Arc<Mutex<LiveWindow<LiveKey>>>,
+    /// The live window (events of the last N seconds).
+    pub live: Arc<dyn LiveState>,
     pub hasher: Arc<SourceHasher>,
     /// The bot user-agent list, compiled once.
     pub bots: Arc<BotList>,
     /// Admin and metrics credentials, sessions, and the throttle on guessing them.
     pub auth: Arc<auth::Auth>,
     /// Per-address limits of every counting route and of new sites.
-    pub limits: Arc<Limits>,
-    /// Badge and pixel repeat suppression (sources without a visitor id).
-    pub suppressor: Arc<Mutex<Suppressor>>,
-    /// The repeat gate of known image proxies: per (proxy address, page), one second.
-    pub proxy_suppressor: Arc<Mutex<Suppressor>>,
+    pub limits: Arc<dyn RateLimiter>,
+    /// Badge and pixel repeat suppression (sources without a visitor id); known image proxies
+    /// have their own gate, per (proxy address, page) and one second.
+    pub repeats: Arc<dyn RepeatGate>,
     /// Verdicts of recently seen user agents by hash (the list is a large regex; agents repeat).
     bot_verdicts: Arc<Mutex<HashMap<u64, bool>>>,
     /// Hashes user agents for the verdict cache.
@@ -130,22 +127,23 @@ impl AppState {
         secret: ServerSecret,
     ) -> Self {
         let repeat_interval_secs = config.repeat_interval_secs;
-        let limits = Arc::new(Limits::new(config.limits()));
+        let limits: Arc<dyn RateLimiter> = Arc::new(Limits::new(config.limits()));
         Self {
             sites: Arc::new(SiteRegistry::new(
-                Arc::clone(&store),
+                Arc::clone(&store) as Arc<dyn crate::store::SiteStore>,
+                Arc::new(MemorySiteCache::new(SITE_TTL, MAX_CACHED)),
                 config.auto_sites,
                 config.max_sites,
                 Arc::clone(&limits),
             )),
             hasher: Arc::new(SourceHasher::new(Arc::clone(&store), secret.clone())),
             auth: Arc::new(auth::Auth::new(&config, &secret)),
-            live: Arc::new(Mutex::new(LiveWindow::new(
+            live: Arc::new(MemoryLive::new(
                 config.live_window_secs,
                 LIVE_MAX_VISITORS,
                 LIVE_MAX_KEYS,
                 LIVE_MAX_VISITORS_TOTAL,
-            ))),
+            )),
             stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
             batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
             config: Arc::new(config),
@@ -154,14 +152,11 @@ impl AppState {
             bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
             ua_hasher: std::collections::hash_map::RandomState::new(),
             limits,
-            suppressor: Arc::new(Mutex::new(Suppressor::new(
+            repeats: Arc::new(MemoryRepeatGate::new(
                 i64::from(repeat_interval_secs) * 1000,
-                SUPPRESSOR_KEYS,
-            ))),
-            proxy_suppressor: Arc::new(Mutex::new(Suppressor::new(
                 PROXY_REPEAT_MS,
                 SUPPRESSOR_KEYS,
-            ))),
+            )),
             store,
             ingest,
             clock,
