@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::core::record::{Outcome, Record};
 use crate::metrics::Metrics;
-use crate::store::{Store, StoreError};
+use crate::store::{EventSink, StoreError};
 
 /// Why a job was not stored.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +73,7 @@ impl Ingest {
     /// Start the writer task over `store`. Returns the queue and the writer's handle, which
     /// finishes after every `Ingest` clone is dropped and the queue is drained.
     pub fn start(
-        store: Arc<dyn Store>,
+        store: Arc<dyn EventSink>,
         config: IngestConfig,
         metrics: Arc<Metrics>,
     ) -> (Self, JoinHandle<()>) {
@@ -105,7 +105,7 @@ impl Ingest {
 
 async fn writer(
     mut rx: mpsc::Receiver<Job>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn EventSink>,
     config: IngestConfig,
     metrics: Arc<Metrics>,
 ) {

@@ -130,13 +130,13 @@ impl AppState {
         let limits: Arc<dyn RateLimiter> = Arc::new(Limits::new(config.limits()));
         Self {
             sites: Arc::new(SiteRegistry::new(
-                Arc::clone(&store) as Arc<dyn crate::store::SiteStore>,
+                store.clone(),
                 Arc::new(MemorySiteCache::new(SITE_TTL, MAX_CACHED)),
                 config.auto_sites,
                 config.max_sites,
                 Arc::clone(&limits),
             )),
-            hasher: Arc::new(SourceHasher::new(Arc::clone(&store), secret.clone())),
+            hasher: Arc::new(SourceHasher::new(store.clone(), secret.clone())),
             auth: Arc::new(auth::Auth::new(&config, &secret)),
             live: Arc::new(MemoryLive::new(
                 config.live_window_secs,
