@@ -10,6 +10,7 @@
 //!   that arrive during a commit form the next batch — measured 2x the throughput of a 2 ms
 //!   wait under 64 clients), or when the queue is closed (shutdown). Each job's answer is sent only after its batch's
 //!   commit returned, so a 2xx always means "durably stored".
+//! - The writer needs only the store's write job ([`EventSink`]).
 //! - When the commit fails, every job of the batch gets [`IngestError::Store`] and nothing of
 //!   the batch is counted (the store's transaction rolled back).
 //! - The writer stops after the last sender is dropped and the queue is drained; `run` awaits it.

@@ -15,6 +15,9 @@
 //! - Requests from a site's own server with its ingest key never come here (their own lane).
 //! - State is in memory, keyed by a process-random hash (no address is stored), each map
 //!   bounded ([`MAX_KEYS`], see `core::gcra`). Time comes from the app's clock.
+//!
+//! [`Limits`] is the in-process [`RateLimiter`] (see [`crate::shared`]); the lane of a request
+//! ([`Lane`], [`is_image_proxy`]) is decided in [`crate::core::classify`].
 
 use std::hash::BuildHasher;
 use std::sync::Mutex;

@@ -5,8 +5,9 @@
 //! `K(day) = derive(server secret, salt of the day)`.
 //!
 //! Contract:
-//! - The salt is random, kept in the store so every collector and every restart agrees, and
-//!   deleted two days later, so old hashes can never be recomputed or linked.
+//! - The salt is random, kept in the store ([`SaltStore`], the first writer of a day wins) so
+//!   every collector and every restart agrees, and deleted two days later, so old hashes can
+//!   never be recomputed or linked.
 //! - The server secret (`secrets::ServerSecret`) is NOT in the store. A reader of the database
 //!   (a stolen copy, a backup) has the salts but not the secret, so they cannot test guessed
 //!   addresses against a stored hash, not even for today; with the secret too (the machine

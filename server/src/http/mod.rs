@@ -11,6 +11,10 @@
 //! the configured forwarding header ([`crate::core::forwarded`]).
 //!
 //! gzip/brotli compression of text answers (`compress`).
+//!
+//! [`AppState`] holds the seams, not their implementations: the store (`Arc<dyn Store>`), and
+//! the live window, rate limiter, repeat gate and site cache behind the traits of
+//! [`crate::shared`] (in-process implementations today).
 
 mod assets;
 pub mod auth;

@@ -1,24 +1,35 @@
-//! Persistence behind one interface, [`Store`].
+//! Persistence, split by job: [`EventSink`] (the write path), [`StatsReader`] (what the
+//! dashboard and the APIs read), [`SiteStore`] (site configuration), [`SaltStore`] (the daily
+//! salts) and [`Maintenance`] (verify, prune, health). [`Store`] is all five; code takes the
+//! job it does. Nothing here is shaped by one backend: a PostgreSQL store implements the same
+//! traits (async, `Send + Sync`, typed errors). The core (`crate::core`) imports none of it.
 //!
-//! Contract (every backend; proven by the conformance suite in `tests/`):
-//! - [`Store::commit`] stores a batch of records and their derived counters in ONE transaction
-//!   and returns one [`Outcome`] per record, in order. Dedupe is atomic inside the store (a
-//!   unique key on the event id, and on (site, name, dedupe) for keyed custom events), never a
-//!   read-then-write. When `commit` returns `Ok`, the batch is durable; when it returns `Err`,
-//!   nothing of the batch is counted: not when the disk is below its floor
-//!   ([`StoreError::DiskFull`]), not when the database file was deleted or replaced under the
-//!   running store ([`StoreError::FileLost`]).
-//! - Counters are derived data: [`Store::verify`] recounts them from the raw events and reports
-//!   (and with `repair`, fixes) every difference, over what can still be recounted: rows whose
-//!   raw events or per-day rows were pruned by [`Store::prune`] are neither compared nor
-//!   rewritten, so a repair never brings pruned rows back.
+//! Contract (every backend; proven by the conformance suite in `tests/it/store_conformance.rs`,
+//! which runs every check against every backend):
+//! - [`EventSink::commit`] stores a batch of records and their derived counters in ONE
+//!   transaction and returns one [`Outcome`] per record, in order. Dedupe is atomic inside the
+//!   store (a unique key on the event id, and on (site, name, dedupe) for keyed custom
+//!   events), never a read-then-write, so handles (collectors) committing the same ids at once
+//!   count each once. Counter rows are upserted in ascending key order, never in hash-map
+//!   order, so concurrent writers take row locks in one order and cannot deadlock. When
+//!   `commit` returns `Ok`, the batch is durable; when it returns `Err`, nothing of the batch
+//!   is counted: not when the disk is below its floor ([`StoreError::DiskFull`]), not when the
+//!   database file was deleted or replaced under the running store ([`StoreError::FileLost`]),
+//!   not after a lost race ([`StoreError::Conflict`], safe to retry).
+//! - Counters are derived data: [`Maintenance::verify`] recounts them from the raw events and
+//!   reports (and with `repair`, fixes) every difference, over what can still be recounted:
+//!   rows whose raw events or per-day rows were pruned by [`Maintenance::prune`] are neither
+//!   compared nor rewritten, so a repair never brings pruned rows back.
 //! - Everything that grows with traffic can be pruned ([`Retention`]): raw events, per-day
 //!   visitor sets, per-page per-day counters, old salts. Whole-site daily numbers and all-time
 //!   numbers are kept, and so are the tallies of views not counted (at most four
 //!   rows per site and day, like the whole-site day rows).
 //! - New distinct pages per site and local day are bounded by the backend's page cap; pages
 //!   beyond it are counted under the site's one page [`OTHER_PAGE`].
-//! - A backend's errors become [`StoreError`]; its text is logged, never sent to clients.
+//! - Reads take local days only: how a backend finds a day's raw events (SQLite: a UUIDv7 key
+//!   range) is its own business.
+//! - A backend's errors become a typed [`StoreError`]; its text is logged, never sent to
+//!   clients.
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -91,7 +102,7 @@ pub struct Retention {
     pub page_days: u32,
 }
 
-/// Rows removed by one [`Store::prune`].
+/// Rows removed by one [`Maintenance::prune`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PruneReport {
     pub events: u64,
@@ -147,7 +158,7 @@ pub struct Drift {
     pub recounted: (i64, i64),
 }
 
-/// Result of [`Store::verify`].
+/// Result of [`Maintenance::verify`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VerifyReport {
     /// Counters compared.

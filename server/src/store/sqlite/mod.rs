@@ -1,6 +1,6 @@
 //! The embedded backend: one SQLite file, no other process.
 //!
-//! Contract, beyond [`Store`]'s:
+//! Contract, beyond [`super::Store`]'s:
 //! - WAL journal; `synchronous=FULL` by default, so a committed batch survives `kill -9` and
 //!   power loss (`NORMAL` survives `kill -9` only, and is faster).
 //! - One writer connection per store (SQLite has one writer anyway; two stores on one file
@@ -23,7 +23,13 @@
 //!   raw-event and the visitor-set markers (`meta.visitor_rows_before_day`), so it never
 //!   resurrects pruned rows.
 //!
-//! Files: this one opens the database and implements [`Store`]; `schema` creates and migrates
+//! - SQLite's busy/locked answers become [`StoreError::Conflict`] (retryable); other errors
+//!   [`StoreError::Unavailable`].
+//! - `top_referrers` walks the events' primary key over the UUIDv7 range of its local days
+//!   widened by 26 h each side (any zone), then filters by the exact stored day.
+//!
+//! Files: this one opens the database and implements the five job traits ([`EventSink`],
+//! [`StatsReader`], [`SiteStore`], [`SaltStore`], [`Maintenance`]); `schema` creates and migrates
 //! the tables, `intern` maps names to ids, `guard` checks disk and file, `write` commits
 //! batches, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
 
