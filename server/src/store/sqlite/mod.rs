@@ -653,3 +653,42 @@ pub(super) fn checkpoint_truncate(conn: &Connection) {
         tracing::warn!(error = %e, "WAL checkpoint after deleting salts failed; retried hourly");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write lock held by another connection is a retryable conflict, not an outage; other
+    /// failures are not retryable.
+    #[test]
+    fn busy_is_a_retryable_conflict() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.sqlite");
+        let mut holder = Connection::open(&path).expect("open");
+        holder
+            .pragma_update(None, "journal_mode", "WAL")
+            .expect("wal");
+        let tx = holder
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("lock");
+        let mut other = Connection::open(&path).expect("open");
+        other
+            .busy_timeout(std::time::Duration::ZERO)
+            .expect("timeout");
+        let err = other
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map(|_| ())
+            .expect_err("the write lock is held");
+        let err = StoreError::from(err);
+        assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+        assert!(err.is_retryable());
+        drop(tx);
+        let err = StoreError::from(
+            other
+                .execute("INSERT INTO no_such_table VALUES (1)", [])
+                .expect_err("no table"),
+        );
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(!err.is_retryable());
+    }
+}
