@@ -77,6 +77,7 @@ pub async fn run(
         stop_rx,
     ));
     let server = config.server;
+    let shared = shared::SharedState::in_process(&config);
     let state = AppState::new(
         Arc::clone(&store),
         ingest,
@@ -84,6 +85,7 @@ pub async fn run(
         config,
         Arc::clone(&metrics),
         secret,
+        shared,
     );
     let tally = Arc::clone(&state.filtered);
     let flusher = tokio::spawn(flush_loop(

@@ -16,7 +16,8 @@
 //! - **Bounded.** Every implementation bounds its memory (or its keys' lifetimes: TTLs).
 //!
 //! In-process implementations: [`MemoryLive`], [`crate::limits::Limits`], [`MemoryRepeatGate`],
-//! [`MemorySiteCache`].
+//! [`MemorySiteCache`]; [`SharedState::in_process`] bundles them for one collector (a shared
+//! backend will offer its own constructor beside it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -25,16 +26,62 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use jiff::Timestamp;
 
+use crate::config::ServeConfig;
 use crate::core::classify::{Lane, LiveEntry};
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::{LiveNumbers, LiveWindow};
 use crate::core::net::ClientNet;
 use crate::core::suppress::Suppressor;
-use crate::limits::Refusal;
+use crate::limits::{Limits, Refusal};
+use crate::sites::{MAX_CACHED, SITE_TTL};
 use crate::store::Site;
 
 /// Live-window key: a whole site (`None`) or one of its pages.
 pub type LiveKey = (SiteId, Option<PagePath>);
+
+/// Most live-window keys (sites and pages) tracked at once in process; new page keys beyond it
+/// are not tracked (site keys always are). Each key holds at most [`LIVE_MAX_VISITORS`].
+pub const LIVE_MAX_KEYS: usize = 20_000;
+
+/// Most distinct visitors tracked per live key, and in total over all keys, in process.
+pub const LIVE_MAX_VISITORS: usize = 100_000;
+pub const LIVE_MAX_VISITORS_TOTAL: usize = 400_000;
+
+/// Sources remembered per lane for badge/pixel repeat suppression, in process.
+pub const REPEAT_KEYS: usize = 200_000;
+
+/// Within this many milliseconds a known image proxy's fetches of one page count once.
+pub const PROXY_REPEAT_MS: i64 = 1000;
+
+/// The shared-state seams of one collector, handed to the app state.
+#[derive(Clone)]
+pub struct SharedState {
+    pub live: Arc<dyn LiveState>,
+    pub limits: Arc<dyn RateLimiter>,
+    pub repeats: Arc<dyn RepeatGate>,
+    pub sites: Arc<dyn SiteCache>,
+}
+
+impl SharedState {
+    /// This process's own state, as configured (one collector).
+    pub fn in_process(config: &ServeConfig) -> Self {
+        Self {
+            live: Arc::new(MemoryLive::new(
+                config.live_window_secs,
+                LIVE_MAX_VISITORS,
+                LIVE_MAX_KEYS,
+                LIVE_MAX_VISITORS_TOTAL,
+            )),
+            limits: Arc::new(Limits::new(config.limits())),
+            repeats: Arc::new(MemoryRepeatGate::new(
+                i64::from(config.repeat_interval_secs) * 1000,
+                PROXY_REPEAT_MS,
+                REPEAT_KEYS,
+            )),
+            sites: Arc::new(MemorySiteCache::new(SITE_TTL, MAX_CACHED)),
+        }
+    }
+}
 
 /// Events and distinct visitors of the last N seconds, per site and page.
 #[async_trait]

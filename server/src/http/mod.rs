@@ -48,14 +48,11 @@ use crate::core::filtered::{FilterTally, FilteredCounts, Reason};
 use crate::core::ids::SiteId;
 use crate::core::net::ClientNet;
 use crate::ingest::Ingest;
-use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::privacy::SourceHasher;
 use crate::secrets::ServerSecret;
-use crate::shared::{
-    LiveState, MemoryLive, MemoryRepeatGate, MemorySiteCache, RateLimiter, RepeatGate,
-};
-use crate::sites::{MAX_CACHED, SITE_TTL, SiteRegistry};
+use crate::shared::{LiveState, RateLimiter, RepeatGate, SharedState};
+use crate::sites::SiteRegistry;
 use crate::store::Store;
 
 /// User agents whose bot verdict is remembered (by a 64-bit hash: 16 bytes an entry, however
@@ -66,26 +63,12 @@ pub const BOT_VERDICTS: usize = 4096;
 /// Real browsers send 100–300 bytes; the header itself is bounded by the server's header limit.
 pub const MAX_USER_AGENT_BYTES: usize = 512;
 
-/// Most live-window keys (sites and pages) tracked at once; new page keys beyond it are not
-/// tracked (site keys always are). Each key holds at most `LIVE_MAX_VISITORS` visitors.
-pub const LIVE_MAX_KEYS: usize = 20_000;
-
 /// How long a stats request waits for a free reader slot before 503.
 const STATS_WAIT: Duration = Duration::from_secs(2);
-
-/// Sources remembered for badge/pixel repeat suppression.
-const SUPPRESSOR_KEYS: usize = 200_000;
-
-/// Within this many milliseconds a known image proxy's fetches of one page count once.
-pub const PROXY_REPEAT_MS: i64 = 1000;
 
 /// Most (site, day, reason) keys of views not counted held between two flushes (4 reasons ×
 /// 2 days × 50,000 sites; the flush runs every few seconds).
 const FILTER_TALLY_KEYS: usize = 400_000;
-
-/// Most distinct visitors tracked per live key, and in total over all keys.
-const LIVE_MAX_VISITORS: usize = 100_000;
-const LIVE_MAX_VISITORS_TOTAL: usize = 400_000;
 
 /// Everything a handler needs; cloned per request (all fields are shared handles).
 #[derive(Clone)]
@@ -121,7 +104,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Build the state around a started ingest queue.
+    /// Build the state around a started ingest queue and the collector's shared state.
     pub fn new(
         store: Arc<dyn Store>,
         ingest: Ingest,
@@ -129,25 +112,25 @@ impl AppState {
         config: ServeConfig,
         metrics: Arc<Metrics>,
         secret: ServerSecret,
+        shared: SharedState,
     ) -> Self {
-        let repeat_interval_secs = config.repeat_interval_secs;
-        let limits: Arc<dyn RateLimiter> = Arc::new(Limits::new(config.limits()));
+        let SharedState {
+            live,
+            limits,
+            repeats,
+            sites,
+        } = shared;
         Self {
             sites: Arc::new(SiteRegistry::new(
                 store.clone(),
-                Arc::new(MemorySiteCache::new(SITE_TTL, MAX_CACHED)),
+                sites,
                 config.auto_sites,
                 config.max_sites,
                 Arc::clone(&limits),
             )),
             hasher: Arc::new(SourceHasher::new(store.clone(), secret.clone())),
             auth: Arc::new(auth::Auth::new(&config, &secret)),
-            live: Arc::new(MemoryLive::new(
-                config.live_window_secs,
-                LIVE_MAX_VISITORS,
-                LIVE_MAX_KEYS,
-                LIVE_MAX_VISITORS_TOTAL,
-            )),
+            live,
             stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
             batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
             config: Arc::new(config),
@@ -156,11 +139,7 @@ impl AppState {
             bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
             ua_hasher: std::collections::hash_map::RandomState::new(),
             limits,
-            repeats: Arc::new(MemoryRepeatGate::new(
-                i64::from(repeat_interval_secs) * 1000,
-                PROXY_REPEAT_MS,
-                SUPPRESSOR_KEYS,
-            )),
+            repeats,
             store,
             ingest,
             clock,
