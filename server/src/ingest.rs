@@ -10,6 +10,7 @@
 //!   that arrive during a commit form the next batch — measured 2x the throughput of a 2 ms
 //!   wait under 64 clients), or when the queue is closed (shutdown). Each job's answer is sent only after its batch's
 //!   commit returned, so a 2xx always means "durably stored".
+//! - The writer needs only the store's write job ([`EventSink`]).
 //! - When the commit fails, every job of the batch gets [`IngestError::Store`] and nothing of
 //!   the batch is counted (the store's transaction rolled back).
 //! - The writer stops after the last sender is dropped and the queue is drained; `run` awaits it.
@@ -23,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::core::record::{Outcome, Record};
 use crate::metrics::Metrics;
-use crate::store::{Store, StoreError};
+use crate::store::{EventSink, StoreError};
 
 /// Why a job was not stored.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +74,7 @@ impl Ingest {
     /// Start the writer task over `store`. Returns the queue and the writer's handle, which
     /// finishes after every `Ingest` clone is dropped and the queue is drained.
     pub fn start(
-        store: Arc<dyn Store>,
+        store: Arc<dyn EventSink>,
         config: IngestConfig,
         metrics: Arc<Metrics>,
     ) -> (Self, JoinHandle<()>) {
@@ -105,7 +106,7 @@ impl Ingest {
 
 async fn writer(
     mut rx: mpsc::Receiver<Job>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn EventSink>,
     config: IngestConfig,
     metrics: Arc<Metrics>,
 ) {

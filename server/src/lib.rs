@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod privacy;
 pub mod secrets;
 pub mod serve;
+pub mod shared;
 pub mod sites;
 pub mod store;
 
@@ -33,7 +34,7 @@ use crate::http::AppState;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::store::sqlite::{SqliteStore, StoreOptions};
-use crate::store::{Retention, Store};
+use crate::store::{EventSink, Maintenance, Retention, Store};
 
 /// Open the configured SQLite store.
 pub fn open_store(config: &ServeConfig) -> anyhow::Result<Arc<dyn Store>> {
@@ -63,10 +64,10 @@ pub async fn run(
     // Before anything starts: a missing or unreadable secret is a clear startup error.
     let secret = secrets::ServerSecret::load(&config.secret)?;
     let metrics = Arc::new(Metrics::new());
-    let (ingest, writer) = Ingest::start(Arc::clone(&store), config.ingest, Arc::clone(&metrics));
+    let (ingest, writer) = Ingest::start(store.clone(), config.ingest, Arc::clone(&metrics));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let pruner = tokio::spawn(prune_loop(
-        Arc::clone(&store),
+        store.clone(),
         Arc::clone(&clock),
         Retention {
             raw_days: config.retention_days,
@@ -76,6 +77,7 @@ pub async fn run(
         stop_rx,
     ));
     let server = config.server;
+    let shared = shared::SharedState::in_process(&config);
     let state = AppState::new(
         Arc::clone(&store),
         ingest,
@@ -83,10 +85,11 @@ pub async fn run(
         config,
         Arc::clone(&metrics),
         secret,
+        shared,
     );
     let tally = Arc::clone(&state.filtered);
     let flusher = tokio::spawn(flush_loop(
-        Arc::clone(&store),
+        store.clone(),
         Arc::clone(&tally),
         stop_tx.subscribe(),
     ));
@@ -108,7 +111,7 @@ const FILTERED_FLUSH: Duration = Duration::from_secs(5);
 
 /// Write the tallies of views not counted every [`FILTERED_FLUSH`].
 async fn flush_loop(
-    store: Arc<dyn Store>,
+    store: Arc<dyn EventSink>,
     tally: Arc<std::sync::Mutex<FilterTally>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -121,7 +124,7 @@ async fn flush_loop(
 }
 
 /// Hand the pending tallies to the store; on failure they go back and wait for the next one.
-async fn flush_filtered(store: &dyn Store, tally: &std::sync::Mutex<FilterTally>) {
+async fn flush_filtered(store: &dyn EventSink, tally: &std::sync::Mutex<FilterTally>) {
     let rows = match tally.lock() {
         Ok(mut t) if !t.is_empty() => t.drain(),
         _ => return,
@@ -137,7 +140,7 @@ async fn flush_filtered(store: &dyn Store, tally: &std::sync::Mutex<FilterTally>
 /// Apply the retention policy now and every hour (salts older than two days go too, so the
 /// loop always runs).
 async fn prune_loop(
-    store: Arc<dyn Store>,
+    store: Arc<dyn Maintenance>,
     clock: Arc<dyn Clock>,
     policy: Retention,
     mut stop: tokio::sync::watch::Receiver<bool>,

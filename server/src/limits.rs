@@ -15,6 +15,9 @@
 //! - Requests from a site's own server with its ingest key never come here (their own lane).
 //! - State is in memory, keyed by a process-random hash (no address is stored), each map
 //!   bounded ([`MAX_KEYS`], see `core::gcra`). Time comes from the app's clock.
+//!
+//! [`Limits`] is the in-process [`RateLimiter`] (see [`crate::shared`]); the lane of a request
+//! ([`Lane`], [`is_image_proxy`]) is decided in [`crate::core::classify`].
 
 use std::hash::BuildHasher;
 use std::sync::Mutex;
@@ -22,9 +25,11 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+pub use crate::core::classify::{Lane, is_image_proxy};
 use crate::core::gcra::{KeyedGcra, Quota, Verdict};
 use crate::core::ids::SiteId;
 use crate::core::net::ClientNet;
+use crate::shared::RateLimiter;
 
 /// Keys each limiter remembers at most (about 40 bytes each).
 pub const MAX_KEYS: usize = 200_000;
@@ -40,15 +45,6 @@ pub struct LimitConfig {
     pub new_sites_per_hour: u32,
     /// How many times larger the buckets of known image proxies are.
     pub proxy_factor: u32,
-}
-
-/// Which buckets a request is charged to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Lane {
-    /// A browser or any other direct client.
-    Direct,
-    /// A known image proxy fetching a badge or pixel for its readers.
-    Proxy,
 }
 
 /// Why a request was not admitted.
@@ -231,18 +227,26 @@ impl Limits {
     }
 }
 
-/// User agents of the image proxies that fetch badges on behalf of many readers: GitHub's
-/// camo (`github-camo (…)`), Google's (Gmail) image proxy, and a few mail and chat proxies.
-const IMAGE_PROXIES: [&str; 4] = [
-    "github-camo",
-    "GoogleImageProxy",
-    "YahooMailProxy",
-    "camo-asset-proxy",
-];
+/// The in-process [`RateLimiter`]: this collector's own buckets.
+#[async_trait::async_trait]
+impl RateLimiter for Limits {
+    async fn admit_many(
+        &self,
+        lane: Lane,
+        net: ClientNet,
+        per_site: &[(&SiteId, u32)],
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        Limits::admit_many(self, lane, net, per_site, now)
+    }
 
-/// Whether `user_agent` names a known image proxy.
-pub fn is_image_proxy(user_agent: &str) -> bool {
-    IMAGE_PROXIES.iter().any(|p| user_agent.contains(p))
+    async fn has_room(&self, lane: Lane, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
+        Limits::has_room(self, lane, net, now)
+    }
+
+    async fn admit_new_site(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
+        Limits::admit_new_site(self, net, now)
+    }
 }
 
 #[cfg(test)]

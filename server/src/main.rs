@@ -171,7 +171,7 @@ fn main() -> anyhow::Result<()> {
                 input,
             } => {
                 let id = SiteId::parse(&site).map_err(|e| anyhow::anyhow!("{site:?}: {e}"))?;
-                let site = tally::store::Store::get_site(&sqlite, &id)
+                let site = tally::store::SiteStore::get_site(&sqlite, &id)
                     .await?
                     .ok_or_else(|| anyhow::anyhow!("no site {id} (add it with `tally site add`)"))?;
                 let reject = reject.unwrap_or_else(|| {

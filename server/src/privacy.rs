@@ -5,8 +5,9 @@
 //! `K(day) = derive(server secret, salt of the day)`.
 //!
 //! Contract:
-//! - The salt is random, kept in the store so every collector and every restart agrees, and
-//!   deleted two days later, so old hashes can never be recomputed or linked.
+//! - The salt is random, kept in the store ([`SaltStore`], the first writer of a day wins) so
+//!   every collector and every restart agrees, and deleted two days later, so old hashes can
+//!   never be recomputed or linked.
 //! - The server secret (`secrets::ServerSecret`) is NOT in the store. A reader of the database
 //!   (a stolen copy, a backup) has the salts but not the secret, so they cannot test guessed
 //!   addresses against a stored hash, not even for today; with the secret too (the machine
@@ -20,7 +21,7 @@ use tokio::sync::Mutex;
 
 use crate::core::ids::{SiteId, VisitorKey};
 use crate::secrets::ServerSecret;
-use crate::store::{Store, StoreError};
+use crate::store::{SaltStore, StoreError};
 
 /// 32 random bytes from the operating system.
 pub fn random_bytes<const N: usize>() -> [u8; N] {
@@ -42,7 +43,7 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 
 /// Hashes request sources with the salt of the current UTC day.
 pub struct SourceHasher {
-    store: Arc<dyn Store>,
+    store: Arc<dyn SaltStore>,
     /// Mixed into every day's key; never stored.
     secret: ServerSecret,
     /// Recently used day keys (sites in different zones use neighbouring days).
@@ -51,7 +52,7 @@ pub struct SourceHasher {
 
 impl SourceHasher {
     /// A hasher whose salts live in `store`, keyed with `secret` too.
-    pub fn new(store: Arc<dyn Store>, secret: ServerSecret) -> Self {
+    pub fn new(store: Arc<dyn SaltStore>, secret: ServerSecret) -> Self {
         Self {
             store,
             secret,
@@ -108,7 +109,7 @@ mod tests {
     #[tokio::test]
     async fn the_salt_alone_does_not_give_the_hash() {
         let dir = tempfile::tempdir().expect("dir");
-        let store: Arc<dyn Store> = Arc::new(
+        let store: Arc<dyn crate::store::SaltStore> = Arc::new(
             SqliteStore::open(&dir.path().join("t.sqlite"), Default::default()).expect("store"),
         );
         let day: Date = "2026-05-10".parse().expect("day");

@@ -8,16 +8,21 @@
 //! display-only badge ([`SiteRegistry::get`] never creates). Creation is limited per client
 //! network per hour (see `limits`) and, with `max_sites`, in total. The cache holds at most
 //! [`MAX_CACHED`] ids (a few hundred bytes each).
+//!
+//! Seams: the registry reads and creates sites through [`SiteStore`] only, remembers them in a
+//! [`SiteCache`] and charges creations to a [`RateLimiter`] (in-process implementations in
+//! [`crate::shared`]; shared ones make a site added through one collector visible to all within
+//! the cache's time-to-live).
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::core::day::SiteZone;
 use crate::core::ids::SiteId;
 use crate::core::net::ClientNet;
-use crate::limits::{Limits, Refusal};
-use crate::store::{Site, Store, StoreError};
+use crate::limits::Refusal;
+use crate::shared::{RateLimiter, SiteCache};
+use crate::store::{Site, SiteStore, StoreError};
 
 /// How long a cached site (or the knowledge that it does not exist) is trusted.
 pub const SITE_TTL: Duration = Duration::from_secs(5);
@@ -39,51 +44,34 @@ pub enum SiteError {
     Store(#[from] StoreError),
 }
 
-/// A cached lookup: the site (or `None`: known not to exist) and when it was read.
-type Cached = (Option<Arc<Site>>, Instant);
-
 /// Cached access to sites.
 pub struct SiteRegistry {
-    store: Arc<dyn Store>,
+    store: Arc<dyn SiteStore>,
     /// Create unknown sites on their first counting request.
     auto_sites: bool,
     /// Most sites auto-sites may create (0 = no limit).
     max_sites: u64,
     /// New sites per client network.
-    limits: Arc<Limits>,
-    /// id → (site or known-absent, when it was read).
-    cache: RwLock<HashMap<SiteId, Cached>>,
+    limits: Arc<dyn RateLimiter>,
+    /// id → site or known-absent, for [`SITE_TTL`].
+    cache: Arc<dyn SiteCache>,
 }
 
 impl SiteRegistry {
-    /// A registry over `store`.
+    /// A registry over `store`, caching in `cache`.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn SiteStore>,
+        cache: Arc<dyn SiteCache>,
         auto_sites: bool,
         max_sites: u64,
-        limits: Arc<Limits>,
+        limits: Arc<dyn RateLimiter>,
     ) -> Self {
         Self {
             store,
             auto_sites,
             max_sites,
             limits,
-            cache: RwLock::new(HashMap::new()),
-        }
-    }
-
-    fn cached(&self, id: &SiteId) -> Option<Option<Arc<Site>>> {
-        let cache = self.cache.read().ok()?;
-        let (site, at) = cache.get(id)?;
-        (at.elapsed() < SITE_TTL).then(|| site.clone())
-    }
-
-    fn remember(&self, id: &SiteId, site: Option<Arc<Site>>) {
-        if let Ok(mut cache) = self.cache.write() {
-            if cache.len() >= MAX_CACHED {
-                cache.clear();
-            }
-            cache.insert(id.clone(), (site, Instant::now()));
+            cache,
         }
     }
 
@@ -95,11 +83,11 @@ impl SiteRegistry {
     }
 
     async fn lookup(&self, id: &SiteId) -> Result<Option<Arc<Site>>, SiteError> {
-        if let Some(site) = self.cached(id) {
+        if let Some(site) = self.cache.get(id).await {
             return Ok(site);
         }
         let site = self.store.get_site(id).await?.map(Arc::new);
-        self.remember(id, site.clone());
+        self.cache.put(id, site.clone()).await;
         Ok(site)
     }
 
@@ -129,7 +117,7 @@ impl SiteRegistry {
                 let site = match self.store.get_site(id).await? {
                     Some(site) => site,
                     None => {
-                        if let Err(refusal) = self.limits.admit_new_site(net, now) {
+                        if let Err(refusal) = self.limits.admit_new_site(net, now).await {
                             return Err(match refusal {
                                 Refusal::Wait(wait) => SiteError::CreationLimited(wait),
                                 Refusal::Never { .. } => SiteError::SiteLimit(id.to_string()),
@@ -149,7 +137,7 @@ impl SiteRegistry {
                     }
                 };
                 let site = Arc::new(site);
-                self.remember(id, Some(Arc::clone(&site)));
+                self.cache.put(id, Some(Arc::clone(&site))).await;
                 site
             }
             None => return Err(SiteError::Unknown(id.to_string())),

@@ -5,10 +5,30 @@
 //! is the LARGER of the two, never their sum; a page that uses only one source shows that one.
 //! Carried-over base numbers (`tally site set-base`) are then added. Live numbers come from the
 //! live window as they are.
+//!
+//! The raw numbers ([`BySource`], [`CountsRaw`]) are defined here, in the core: the stores
+//! produce them (and re-export them), the core never imports a store.
 
 use tally_wire::{Counts, Live, Numbers, ScopeCounts};
 
-use crate::store::{BySource, CountsRaw};
+/// Numbers of one scope, kept apart by source (see [`crate::core::record::Source`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BySource {
+    pub web: Numbers,
+    pub badge: Numbers,
+}
+
+/// What the counts endpoint needs, straight from the counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountsRaw {
+    pub site_all: BySource,
+    pub site_today: BySource,
+    pub page_all: BySource,
+    pub page_today: BySource,
+    /// Carried-over numbers (`tally site set-base`) of the site and of the page.
+    pub site_base: Numbers,
+    pub page_base: Numbers,
+}
 
 /// The shown numbers of one scope: the larger source, per field.
 pub fn combine(n: BySource) -> Numbers {

@@ -3,7 +3,9 @@
 //!
 //! Neither request carries a visitor id, so the visitor is the keyed hash of the source (see
 //! `privacy`), and repeated fetches from one source of the same page within the configured
-//! interval count once ([`crate::core::suppress`]). Badge views are stored with their own
+//! interval count once ([`crate::core::suppress`], behind [`crate::shared::RepeatGate`]). What a
+//! fetch counts as (filter, visitor day, repeat key, record, live rule) is decided by
+//! [`crate::core::classify`], shared with the hit endpoints. Badge views are stored with their own
 //! source and shown by the larger-source rule ([`crate::core::counts`]); pixel views count as
 //! web views, since the pixel only loads where the script could not run.
 //!
@@ -28,12 +30,11 @@ use utoipa_axum::routes;
 use super::hit::{Sender, filter_reason, observe};
 use super::{ApiError, AppState, SiteSegment};
 use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
+use crate::core::classify::{Lane, View};
 use crate::core::counts::present;
 use crate::core::filtered::Reason;
-use crate::core::hit::HitKind;
 use crate::core::ids::{EventId, PagePath};
-use crate::core::record::{Record, Source};
-use crate::limits::{Lane, is_image_proxy};
+use crate::core::record::Source;
 use crate::privacy::random_bytes;
 use crate::store::Site;
 
@@ -86,44 +87,20 @@ async fn count_view(
         return Ok(ViewStatus::Filtered);
     }
     let now = state.clock.now();
+    let view = View::server_side(
+        &site.id,
+        &site.zone,
+        page.clone(),
+        source,
+        EventId::new_at(now, random_bytes()),
+    );
     let visitor = state
         .hasher
-        .source_key(
-            site.zone.day_of(now),
-            &site.id,
-            sender.ip,
-            &sender.user_agent,
-        )
+        .source_key(view.day(), &site.id, sender.ip, &sender.user_agent)
         .await?;
-    let lane = if is_image_proxy(&sender.user_agent) {
-        Lane::Proxy
-    } else {
-        Lane::Direct
-    };
-    let mut h = blake3::Hasher::new();
-    match lane {
-        // A proxy is many readers: its repeats are told apart per page and second only.
-        Lane::Proxy => {
-            h.update(b"proxy");
-            h.update(&sender.net.to_bytes());
-            h.update(site.id.as_str().as_bytes());
-        }
-        Lane::Direct => {
-            h.update(&visitor.0);
-        }
-    }
-    h.update(&source.code().to_le_bytes());
-    h.update(page.as_str().as_bytes());
-    let key = u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().unwrap_or([0; 8]));
-    let gate = match lane {
-        Lane::Proxy => &state.proxy_suppressor,
-        Lane::Direct => &state.suppressor,
-    };
-    let admitted = gate
-        .lock()
-        .map(|mut s| s.admit(key, now.as_millisecond()))
-        .unwrap_or(true);
-    if !admitted {
+    let lane = Lane::of(&sender.user_agent);
+    let key = view.repeat_key(lane, sender.net, &visitor);
+    if !state.repeats.admit(lane, key, now.as_millisecond()).await {
         state.not_counted(&site.id, &site.zone, Reason::Suppressed, 1);
         state.metrics.hit("suppressed");
         return Ok(ViewStatus::Suppressed);
@@ -131,29 +108,20 @@ async fn count_view(
     if state
         .limits
         .admit(lane, sender.net, &site.id, 1, now)
+        .await
         .is_err()
     {
         state.not_counted(&site.id, &site.zone, Reason::RateLimited, 1);
         state.metrics.hit("suppressed");
         return Ok(ViewStatus::RateLimited);
     }
-    let record = Record {
-        event_id: EventId::new_at(now, random_bytes()),
-        site: site.id.clone(),
-        source,
-        kind: HitKind::Pageview,
-        page: page.clone(),
-        visitor,
-        at_ms: now.as_millisecond(),
-        day: site.zone.day_of(now),
-        referrer: None,
-    };
+    let record = view.into_record(visitor);
     let outcome = state.ingest.submit(vec![record.clone()]).await?;
     let outcome = outcome
         .first()
         .copied()
         .unwrap_or(crate::core::record::Outcome::Duplicate);
-    observe(state, &record, outcome);
+    observe(state, &record, outcome).await;
     Ok(match outcome {
         crate::core::record::Outcome::Accepted => ViewStatus::Accepted,
         crate::core::record::Outcome::Duplicate => ViewStatus::Duplicate,

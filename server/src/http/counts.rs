@@ -90,25 +90,25 @@ pub async fn counts_for(
         .await?;
     Ok(present(
         &raw,
-        live_of(state, &site.id, now.as_millisecond()),
+        live_of(state, &site.id, now.as_millisecond()).await,
     ))
 }
 
 /// The live numbers of a whole site at `now_ms`.
-pub fn live_of(state: &AppState, site: &SiteId, now_ms: i64) -> Live {
-    live_of_key(state, &(site.clone(), None), now_ms)
+pub async fn live_of(state: &AppState, site: &SiteId, now_ms: i64) -> Live {
+    live_of_page(state, site, None, now_ms).await
 }
 
-/// The live numbers of a live key (a site, or one of its pages) at `now_ms`.
-pub fn live_of_key(state: &AppState, key: &super::LiveKey, now_ms: i64) -> Live {
-    match state.live.lock() {
-        Ok(mut live) => {
-            let n = live.read(key, now_ms);
-            Live {
-                events: n.events,
-                visitors: n.visitors,
-            }
-        }
-        Err(_) => Live::default(),
+/// The live numbers of a site (`page` = `None`) or one of its pages at `now_ms`.
+pub async fn live_of_page(
+    state: &AppState,
+    site: &SiteId,
+    page: Option<&PagePath>,
+    now_ms: i64,
+) -> Live {
+    let n = state.live.read(site, page, now_ms).await;
+    Live {
+        events: n.events,
+        visitors: n.visitors,
     }
 }

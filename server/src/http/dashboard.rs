@@ -329,13 +329,7 @@ async fn top_lists(
         .await?;
     let referrers = state
         .store
-        .top_referrers(
-            &site.id,
-            range.from,
-            range.to,
-            site.zone.span(range.from, range.to),
-            limit,
-        )
+        .top_referrers(&site.id, range.from, range.to, limit)
         .await?;
     Ok((
         pages
@@ -708,7 +702,7 @@ async fn page(
         .store
         .counts(&site.id, &PagePath::root(), site.zone.day_of(now))
         .await?;
-    let live = super::counts::live_of(&state, &site.id, now.as_millisecond());
+    let live = super::counts::live_of(&state, &site.id, now.as_millisecond()).await;
     let all = crate::core::counts::present(&raw_counts, live);
     cards.push(Card {
         label: "All time",
@@ -732,6 +726,19 @@ async fn page(
     let top_event = events.first().map(|e| e.count).unwrap_or(0);
     let top_page = pages.first().map(|p| p.views).unwrap_or(0);
     let top_ref = referrers.first().map(|r| r.views).unwrap_or(0);
+    // Live visitors per listed page.
+    let mut pages_live = Vec::with_capacity(pages.len());
+    for p in &pages {
+        pages_live.push(match PagePath::parse(&p.page) {
+            Ok(page) => {
+                let now_ms = now.as_millisecond();
+                super::counts::live_of_page(&state, &site.id, Some(&page), now_ms)
+                    .await
+                    .visitors
+            }
+            Err(_) => 0,
+        });
+    }
     let body = DashboardPage {
         site: site.id.to_string(),
         timezone: site.zone.name().to_owned(),
@@ -752,14 +759,10 @@ async fn page(
         chart,
         pages: pages
             .into_iter()
-            .map(|p| Row {
+            .zip(pages_live)
+            .map(|(p, live)| Row {
                 share: share(p.views, top_page),
-                live: PagePath::parse(&p.page)
-                    .map(|page| {
-                        let key = (site.id.clone(), Some(page));
-                        super::counts::live_of_key(&state, &key, now.as_millisecond()).visitors
-                    })
-                    .unwrap_or(0),
+                live,
                 label: crate::core::display::display_path(&p.page),
                 views: group(p.views),
                 visitors: group(p.visitors),

@@ -9,6 +9,8 @@
 //! the sender's address limits (429 with `Retry-After`, or 400 `batch_over_allowance` when no
 //! wait could help) → bot filter (`filtered`, not counted) → visitor key (client id, or a keyed
 //! hash of the source) → [`Record`] with its local day → ingest queue → commit → outcome.
+//! What a hit counts as (filter, visitor day, dedupe scoping, the live rule) is decided by
+//! [`crate::core::classify`], shared with the badge and pixel; this module gathers inputs.
 //!
 //! Dedupe keys of custom events: a sender with the site's ingest key sets site-wide keys (the
 //! shop's server says `order_1001` once for the whole site); any other sender's key is scoped
@@ -34,11 +36,12 @@ use utoipa_axum::routes;
 
 use super::error::json_error;
 use super::{ApiError, AppState, MAX_USER_AGENT_BYTES, check_content_type, origin, read_body};
+use crate::core::classify::{View, live_entry};
 use crate::core::filtered::Reason;
-use crate::core::hit::{HitKind, ValidHit};
-use crate::core::ids::{DedupeKey, PagePath, SiteId};
+use crate::core::hit::ValidHit;
+use crate::core::ids::{PagePath, SiteId};
 use crate::core::net::ClientNet;
-use crate::core::record::{Outcome, Record, Source};
+use crate::core::record::{Outcome, Record};
 use crate::limits::{Lane, Refusal};
 use crate::store::Site;
 
@@ -127,18 +130,10 @@ impl Sender {
     }
 }
 
-/// Why a record is not counted although it is valid. Known image proxies (GitHub's camo and
-/// the like, which the bot list names) are not bots here: they fetch badges and pixels for
-/// human readers, within their own bounded allowance (see `limits`).
+/// Why a record is not counted although it is valid ([`crate::core::classify::filter_reason`]
+/// with this app's bot list).
 pub fn filter_reason(state: &AppState, sender: &Sender) -> Option<Reason> {
-    let ua = sender.user_agent.trim();
-    if ua.is_empty() {
-        Some(Reason::EmptyUserAgent)
-    } else if state.is_bot(ua) && !crate::limits::is_image_proxy(ua) {
-        Some(Reason::Bot)
-    } else {
-        None
-    }
+    crate::core::classify::filter_reason(&sender.user_agent, |ua| state.is_bot(ua))
 }
 
 /// A record ready for the queue, or filtered; both with the site and page they belong to.
@@ -188,66 +183,28 @@ async fn prepare(
         state.not_counted(&site.id, &site.zone, reason, 1);
         return Ok(Prepared::Filtered(site, valid.page));
     }
-    let visitor = match valid.visitor {
+    let view = View::from_hit(valid, &site.zone, keyed);
+    let visitor = match view.client_visitor() {
         Some(v) => v,
         None => {
-            // Salted per local day of the event, so a visitor stays one visitor all day long.
-            let local_day = site.zone.day_of(valid.event_id.time());
             state
                 .hasher
-                .source_key(local_day, &valid.site, sender.ip, &sender.user_agent)
+                .source_key(view.day(), &view.site, sender.ip, &sender.user_agent)
                 .await?
         }
     };
-    let kind = match valid.kind {
-        // Only the site's own server sets site-wide keys; anyone else's are their visitor's.
-        HitKind::Event {
-            name,
-            dedupe: Some(key),
-        } if !keyed => HitKind::Event {
-            name,
-            dedupe: Some(DedupeKey::scoped_to(&key, &visitor)),
-        },
-        kind => kind,
-    };
-    let at = valid.event_id.time();
-    let record = Record {
-        event_id: valid.event_id,
-        day: site.zone.day_of(at),
-        site: valid.site,
-        source: Source::Web,
-        kind,
-        page: valid.page,
-        visitor,
-        at_ms: at.as_millisecond(),
-        referrer: valid.referrer,
-    };
-    Ok(Prepared::Record(Box::new(record), site))
+    Ok(Prepared::Record(Box::new(view.into_record(visitor)), site))
 }
 
-/// After commit: metrics and the live window.
-pub fn observe(state: &AppState, record: &Record, outcome: Outcome) {
+/// After commit: metrics and the live window ([`live_entry`] decides what is live).
+pub async fn observe(state: &AppState, record: &Record, outcome: Outcome) {
     match outcome {
         Outcome::Duplicate => state.metrics.hit("duplicate"),
         Outcome::Accepted => {
             state.metrics.hit("accepted");
             let now = state.clock.now().as_millisecond();
-            // A late delivery (a retried beacon from an hour ago) is counted, but is not "live".
-            if now - record.at_ms >= i64::from(state.config.live_window_secs) * 1000 {
-                return;
-            }
-            let (lo, hi) = record.visitor.0.split_at(8);
-            let visitor = u64::from_le_bytes(lo.try_into().unwrap_or([0; 8]))
-                ^ u64::from_le_bytes(hi.try_into().unwrap_or([0; 8]));
-            if let Ok(mut live) = state.live.lock() {
-                live.record(&(record.site.clone(), None), visitor, now);
-                if record.kind == HitKind::Pageview {
-                    live.record(
-                        &(record.site.clone(), Some(record.page.clone())),
-                        visitor,
-                        now,
-                    );
-                }
+            if let Some(entry) = live_entry(record, now, state.config.live_window_secs) {
+                state.live.record(&entry, now).await;
             }
         }
     }
@@ -255,7 +212,7 @@ pub fn observe(state: &AppState, record: &Record, outcome: Outcome) {
 
 /// The sender's address allowance for the unkeyed records of a request: one record per site
 /// mentioned (a batch may mix sites), all charged or none.
-fn admit(
+async fn admit(
     state: &AppState,
     sender: &Sender,
     sites: &[&SiteId],
@@ -274,6 +231,7 @@ fn admit(
     state
         .limits
         .admit_many(Lane::Direct, sender.net, &per_site, now)
+        .await
         .map_err(refused)
 }
 
@@ -289,7 +247,7 @@ pub fn refused(refusal: Refusal) -> ApiError {
 
 /// Before reading a body: refuse at once a sender with no allowance left (unless it presents
 /// an ingest key, which is checked after parsing), and a declared length over `limit`.
-fn precheck(
+async fn precheck(
     state: &AppState,
     sender: &Sender,
     headers: &HeaderMap,
@@ -308,6 +266,7 @@ fn precheck(
         state
             .limits
             .has_room(Lane::Direct, sender.net, now)
+            .await
             .map_err(refused)?;
     } else {
         // A key guesser that used up its wrong guesses is refused before its key is compared.
@@ -415,15 +374,17 @@ async fn hit(
     let run = async {
         let sender = Sender::from_request(&state, peer, &headers);
         let now = state.clock.now();
-        precheck(&state, &sender, &headers, MAX_HIT_BYTES, now)?;
+        precheck(&state, &sender, &headers, MAX_HIT_BYTES, now).await?;
         let bytes = read_body(body, MAX_HIT_BYTES).await?;
         let hit: Hit = parse_body(&bytes)?;
         let checked = check(&state, &hit, &sender, now).await?;
         if !checked.keyed {
-            admit(&state, &sender, &[&checked.valid.site], now).inspect_err(|_| {
-                let site = &checked.site;
-                state.not_counted(&site.id, &site.zone, Reason::RateLimited, 1);
-            })?;
+            admit(&state, &sender, &[&checked.valid.site], now)
+                .await
+                .inspect_err(|_| {
+                    let site = &checked.site;
+                    state.not_counted(&site.id, &site.zone, Reason::RateLimited, 1);
+                })?;
         }
         let (status, site, page) = match prepare(&state, checked, &sender).await? {
             Prepared::Filtered(site, page) => {
@@ -433,7 +394,7 @@ async fn hit(
             Prepared::Record(record, site) => {
                 let outcome = state.ingest.submit(vec![(*record).clone()]).await?;
                 let outcome = outcome.first().copied().unwrap_or(Outcome::Duplicate);
-                observe(&state, &record, outcome);
+                observe(&state, &record, outcome).await;
                 (status_of(outcome), site, record.page)
             }
         };
@@ -541,7 +502,7 @@ async fn events(
     let run = async {
         let sender = Sender::from_request(&state, peer, &headers);
         let now = state.clock.now();
-        precheck(&state, &sender, &headers, MAX_BATCH_BYTES, now)?;
+        precheck(&state, &sender, &headers, MAX_BATCH_BYTES, now).await?;
         // At most `--batch-concurrency` bodies of up to 4 MiB are held and parsed at once.
         let _slot = Arc::clone(&state.batch_slots)
             .try_acquire_owned()
@@ -595,11 +556,13 @@ async fn events(
             .filter(|(_, c)| !c.keyed)
             .map(|(_, c)| &c.valid.site)
             .collect();
-        admit(&state, &sender, &unkeyed, now).inspect_err(|_| {
-            for (_, c) in checked.iter().filter(|(_, c)| !c.keyed) {
-                state.not_counted(&c.site.id, &c.site.zone, Reason::RateLimited, 1);
-            }
-        })?;
+        admit(&state, &sender, &unkeyed, now)
+            .await
+            .inspect_err(|_| {
+                for (_, c) in checked.iter().filter(|(_, c)| !c.keyed) {
+                    state.not_counted(&c.site.id, &c.site.zone, Reason::RateLimited, 1);
+                }
+            })?;
         let mut records = Vec::new();
         let mut slots = Vec::new();
         for (slot, c) in checked {
@@ -617,7 +580,7 @@ async fn events(
         if !records.is_empty() {
             let outcomes = state.ingest.submit(records.clone()).await?;
             for ((slot, record), outcome) in slots.into_iter().zip(&records).zip(outcomes) {
-                observe(&state, record, outcome);
+                observe(&state, record, outcome).await;
                 results[slot].status = status_of(outcome);
             }
         }

@@ -16,6 +16,10 @@
 //! their types (`openapi`, served at `/api/v1/openapi.json`). Invariant: every route is
 //! either documented (`documented()`) or a page (`pages()`: HTML, forms, static files), and
 //! no page is under `/api/`, `/badge/` or an operations path; a unit test enforces it.
+//!
+//! [`AppState`] holds the seams, not their implementations: the store (`Arc<dyn Store>`), and
+//! the live window, rate limiter, repeat gate and site cache behind the traits of
+//! [`crate::shared`] (in-process implementations today).
 
 mod assets;
 pub mod auth;
@@ -47,20 +51,15 @@ use crate::bots::BotList;
 use crate::config::ServeConfig;
 use crate::core::clock::Clock;
 use crate::core::filtered::{FilterTally, FilteredCounts, Reason};
-use crate::core::ids::{PagePath, SiteId};
-use crate::core::live::LiveWindow;
+use crate::core::ids::SiteId;
 use crate::core::net::ClientNet;
-use crate::core::suppress::Suppressor;
 use crate::ingest::Ingest;
-use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::privacy::SourceHasher;
 use crate::secrets::ServerSecret;
+use crate::shared::{LiveState, RateLimiter, RepeatGate, SharedState};
 use crate::sites::SiteRegistry;
 use crate::store::Store;
-
-/// Live-window key: a whole site (`None`) or one of its pages.
-pub type LiveKey = (SiteId, Option<PagePath>);
 
 /// User agents whose bot verdict is remembered (by a 64-bit hash: 16 bytes an entry, however
 /// long the agent).
@@ -70,26 +69,12 @@ pub const BOT_VERDICTS: usize = 4096;
 /// Real browsers send 100–300 bytes; the header itself is bounded by the server's header limit.
 pub const MAX_USER_AGENT_BYTES: usize = 512;
 
-/// Most live-window keys (sites and pages) tracked at once; new page keys beyond it are not
-/// tracked (site keys always are). Each key holds at most `LIVE_MAX_VISITORS` visitors.
-pub const LIVE_MAX_KEYS: usize = 20_000;
-
 /// How long a stats request waits for a free reader slot before 503.
 const STATS_WAIT: Duration = Duration::from_secs(2);
-
-/// Sources remembered for badge/pixel repeat suppression.
-const SUPPRESSOR_KEYS: usize = 200_000;
-
-/// Within this many milliseconds a known image proxy's fetches of one page count once.
-pub const PROXY_REPEAT_MS: i64 = 1000;
 
 /// Most (site, day, reason) keys of views not counted held between two flushes (4 reasons ×
 /// 2 days × 50,000 sites; the flush runs every few seconds).
 const FILTER_TALLY_KEYS: usize = 400_000;
-
-/// Most distinct visitors tracked per live key, and in total over all keys.
-const LIVE_MAX_VISITORS: usize = 100_000;
-const LIVE_MAX_VISITORS_TOTAL: usize = 400_000;
 
 /// Everything a handler needs; cloned per request (all fields are shared handles).
 #[derive(Clone)]
@@ -100,19 +85,18 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     pub config: Arc<ServeConfig>,
     pub metrics: Arc<Metrics>,
-    /// This collector's live window (events of the last N seconds).
-    pub live: Arc<Mutex<LiveWindow<LiveKey>>>,
+    /// The live window (events of the last N seconds).
+    pub live: Arc<dyn LiveState>,
     pub hasher: Arc<SourceHasher>,
     /// The bot user-agent list, compiled once.
     pub bots: Arc<BotList>,
     /// Admin and metrics credentials, sessions, and the throttle on guessing them.
     pub auth: Arc<auth::Auth>,
     /// Per-address limits of every counting route and of new sites.
-    pub limits: Arc<Limits>,
-    /// Badge and pixel repeat suppression (sources without a visitor id).
-    pub suppressor: Arc<Mutex<Suppressor>>,
-    /// The repeat gate of known image proxies: per (proxy address, page), one second.
-    pub proxy_suppressor: Arc<Mutex<Suppressor>>,
+    pub limits: Arc<dyn RateLimiter>,
+    /// Badge and pixel repeat suppression (sources without a visitor id); known image proxies
+    /// have their own gate, per (proxy address, page) and one second.
+    pub repeats: Arc<dyn RepeatGate>,
     /// Verdicts of recently seen user agents by hash (the list is a large regex; agents repeat).
     bot_verdicts: Arc<Mutex<HashMap<u64, bool>>>,
     /// Hashes user agents for the verdict cache.
@@ -126,7 +110,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Build the state around a started ingest queue.
+    /// Build the state around a started ingest queue and the collector's shared state.
     pub fn new(
         store: Arc<dyn Store>,
         ingest: Ingest,
@@ -134,24 +118,25 @@ impl AppState {
         config: ServeConfig,
         metrics: Arc<Metrics>,
         secret: ServerSecret,
+        shared: SharedState,
     ) -> Self {
-        let repeat_interval_secs = config.repeat_interval_secs;
-        let limits = Arc::new(Limits::new(config.limits()));
+        let SharedState {
+            live,
+            limits,
+            repeats,
+            sites,
+        } = shared;
         Self {
             sites: Arc::new(SiteRegistry::new(
-                Arc::clone(&store),
+                store.clone(),
+                sites,
                 config.auto_sites,
                 config.max_sites,
                 Arc::clone(&limits),
             )),
-            hasher: Arc::new(SourceHasher::new(Arc::clone(&store), secret.clone())),
+            hasher: Arc::new(SourceHasher::new(store.clone(), secret.clone())),
             auth: Arc::new(auth::Auth::new(&config, &secret)),
-            live: Arc::new(Mutex::new(LiveWindow::new(
-                config.live_window_secs,
-                LIVE_MAX_VISITORS,
-                LIVE_MAX_KEYS,
-                LIVE_MAX_VISITORS_TOTAL,
-            ))),
+            live,
             stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
             batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
             config: Arc::new(config),
@@ -160,14 +145,7 @@ impl AppState {
             bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
             ua_hasher: std::collections::hash_map::RandomState::new(),
             limits,
-            suppressor: Arc::new(Mutex::new(Suppressor::new(
-                i64::from(repeat_interval_secs) * 1000,
-                SUPPRESSOR_KEYS,
-            ))),
-            proxy_suppressor: Arc::new(Mutex::new(Suppressor::new(
-                PROXY_REPEAT_MS,
-                SUPPRESSOR_KEYS,
-            ))),
+            repeats,
             store,
             ingest,
             clock,

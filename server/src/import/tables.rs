@@ -16,7 +16,7 @@ use tally_wire::Numbers;
 
 use super::{ImportJob, ImportReport, Parsed, Rejects, pace};
 use crate::core::ids::PagePath;
-use crate::store::Store;
+use crate::store::SiteStore;
 use crate::store::sqlite::{DailyImport, SqliteStore};
 
 /// Index of a header column (case-insensitive), if present.

@@ -1,30 +1,42 @@
-//! Persistence behind one interface, [`Store`].
+//! Persistence, split by job: [`EventSink`] (the write path), [`StatsReader`] (what the
+//! dashboard and the APIs read), [`SiteStore`] (site configuration), [`SaltStore`] (the daily
+//! salts) and [`Maintenance`] (verify, prune, health). [`Store`] is all five; code takes the
+//! job it does. Nothing here is shaped by one backend: a PostgreSQL store implements the same
+//! traits (async, `Send + Sync`, typed errors). The core (`crate::core`) imports none of it.
 //!
-//! Contract (every backend; proven by the conformance suite in `tests/`):
-//! - [`Store::commit`] stores a batch of records and their derived counters in ONE transaction
-//!   and returns one [`Outcome`] per record, in order. Dedupe is atomic inside the store (a
-//!   unique key on the event id, and on (site, name, dedupe) for keyed custom events), never a
-//!   read-then-write. When `commit` returns `Ok`, the batch is durable; when it returns `Err`,
-//!   nothing of the batch is counted: not when the disk is below its floor
-//!   ([`StoreError::DiskFull`]), not when the database file was deleted or replaced under the
-//!   running store ([`StoreError::FileLost`]).
-//! - Counters are derived data: [`Store::verify`] recounts them from the raw events and reports
-//!   (and with `repair`, fixes) every difference, over what can still be recounted: rows whose
-//!   raw events or per-day rows were pruned by [`Store::prune`] are neither compared nor
-//!   rewritten, so a repair never brings pruned rows back.
+//! Contract (every backend; proven by the conformance suite in `tests/it/store_conformance.rs`,
+//! which runs every check against every backend):
+//! - [`EventSink::commit`] stores a batch of records and their derived counters in ONE
+//!   transaction and returns one [`Outcome`] per record, in order. Dedupe is atomic inside the
+//!   store (a unique key on the event id, and on (site, name, dedupe) for keyed custom
+//!   events), never a read-then-write, so handles (collectors) committing the same ids at once
+//!   count each once. Counter rows are upserted in ascending key order, never in hash-map
+//!   order, so concurrent writers take row locks in one order and cannot deadlock. When
+//!   `commit` returns `Ok`, the batch is durable; when it returns `Err`, nothing of the batch
+//!   is counted: not when the disk is below its floor ([`StoreError::DiskFull`]), not when the
+//!   database file was deleted or replaced under the running store ([`StoreError::FileLost`]),
+//!   not after a lost race ([`StoreError::Conflict`], safe to retry).
+//! - Counters are derived data: [`Maintenance::verify`] recounts them from the raw events and
+//!   reports (and with `repair`, fixes) every difference, over what can still be recounted:
+//!   rows whose raw events or per-day rows were pruned by [`Maintenance::prune`] are neither
+//!   compared nor rewritten, so a repair never brings pruned rows back.
 //! - Everything that grows with traffic can be pruned ([`Retention`]): raw events, per-day
 //!   visitor sets, per-page per-day counters, old salts. Whole-site daily numbers and all-time
 //!   numbers are kept, and so are the tallies of views not counted (at most four
 //!   rows per site and day, like the whole-site day rows).
 //! - New distinct pages per site and local day are bounded by the backend's page cap; pages
 //!   beyond it are counted under the site's one page [`OTHER_PAGE`].
-//! - A backend's errors become [`StoreError`]; its text is logged, never sent to clients.
+//! - Reads take local days only: how a backend finds a day's raw events (SQLite: a UUIDv7 key
+//!   range) is its own business.
+//! - A backend's errors become a typed [`StoreError`]; its text is logged, never sent to
+//!   clients.
 pub mod sqlite;
 
 use async_trait::async_trait;
 use jiff::civil::Date;
 use tally_wire::Numbers;
 
+pub use crate::core::counts::{BySource, CountsRaw};
 use crate::core::day::SiteZone;
 use crate::core::filtered::{FilteredCounts, FilteredRow};
 use crate::core::ids::{PagePath, SiteId};
@@ -34,13 +46,26 @@ use crate::core::record::{Outcome, Record};
 /// It cannot collide with a real page: page keys start with `/`.
 pub const OTHER_PAGE: &str = "(other)";
 
-/// A store failure. Clients see 503 `storage_unavailable`; the detail goes to the log.
+/// A store failure, typed by what the caller can do about it. Clients see 503
+/// `storage_unavailable` (or `disk_full`); the detail goes to the log, never to clients.
+///
+/// - [`StoreError::Unavailable`] and its specific cases ([`StoreError::DiskFull`],
+///   [`StoreError::FileLost`], [`StoreError::Unusable`]): the store cannot take the call now;
+///   nothing of a failed write was counted.
+/// - [`StoreError::Conflict`]: the transaction lost a race with another writer (SQLite busy,
+///   a PostgreSQL deadlock or serialization failure) and was rolled back whole. Retrying the
+///   same call is safe (dedupe makes a retried batch count once); backends retry a bounded
+///   number of times themselves before returning it ([`StoreError::is_retryable`]).
+/// - [`StoreError::Invalid`]: data given or stored is invalid; retrying cannot help.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The backend failed or could not be reached.
-    #[error("storage backend error: {0}")]
-    Backend(String),
-    /// Stored data could not be read back (e.g. an unknown time zone name).
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    /// A retryable conflict with another writer; nothing of the call was applied.
+    #[error("storage conflict (retryable): {0}")]
+    Conflict(String),
+    /// Data could not be stored or read back (e.g. an unknown time zone name).
     #[error("stored data is invalid: {0}")]
     Invalid(String),
     /// Free space on the database's filesystem is below the configured floor: nothing written.
@@ -53,6 +78,13 @@ pub enum StoreError {
     /// The database's files or directory cannot be written (found when opening).
     #[error("database files unusable: {0}")]
     Unusable(String),
+}
+
+impl StoreError {
+    /// Whether the same call may succeed if simply retried (a lost race, nothing applied).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Conflict(_))
+    }
 }
 
 /// How long what grows with traffic is kept, in days; 0 keeps it forever. Each non-zero value
@@ -70,7 +102,7 @@ pub struct Retention {
     pub page_days: u32,
 }
 
-/// Rows removed by one [`Store::prune`].
+/// Rows removed by one [`Maintenance::prune`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PruneReport {
     pub events: u64,
@@ -117,25 +149,6 @@ impl Site {
     }
 }
 
-/// Numbers of one scope, kept apart by source (see [`crate::core::record::Source`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BySource {
-    pub web: Numbers,
-    pub badge: Numbers,
-}
-
-/// What the counts endpoint needs, straight from the counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CountsRaw {
-    pub site_all: BySource,
-    pub site_today: BySource,
-    pub page_all: BySource,
-    pub page_today: BySource,
-    /// Carried-over numbers (`tally site set-base`) of the site and of the page.
-    pub site_base: Numbers,
-    pub page_base: Numbers,
-}
-
 /// One counter that differs from its recount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drift {
@@ -145,7 +158,7 @@ pub struct Drift {
     pub recounted: (i64, i64),
 }
 
-/// Result of [`Store::verify`].
+/// Result of [`Maintenance::verify`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VerifyReport {
     /// Counters compared.
@@ -188,12 +201,22 @@ pub struct EventRow {
     pub days: Vec<(Date, u64)>,
 }
 
-/// The persistence interface of the collector.
+/// Where counted events go: the write path of every collector.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// Store records and count them, atomically; one outcome per record, in order.
+pub trait EventSink: Send + Sync {
+    /// Store records and count them, atomically; one outcome per record, in order. Counter
+    /// rows are upserted in ascending key order (never in hash-map order), so two writers on
+    /// one database lock rows in the same order and cannot deadlock each other.
     async fn commit(&self, records: Vec<Record>) -> Result<Vec<Outcome>, StoreError>;
 
+    /// Add views not counted (per site, local day and reason) to the stored tallies, in ONE
+    /// transaction, in the rows' order.
+    async fn add_filtered(&self, rows: &[FilteredRow]) -> Result<(), StoreError>;
+}
+
+/// The numbers the dashboard, the counts endpoint and the stats API read.
+#[async_trait]
+pub trait StatsReader: Send + Sync {
     /// Counters of a site and one of its pages; `today` is the site's current local day.
     async fn counts(
         &self,
@@ -201,31 +224,6 @@ pub trait Store: Send + Sync + 'static {
         page: &PagePath,
         today: Date,
     ) -> Result<CountsRaw, StoreError>;
-
-    /// All configured sites.
-    async fn list_sites(&self) -> Result<Vec<Site>, StoreError>;
-    /// One site.
-    async fn get_site(&self, id: &SiteId) -> Result<Option<Site>, StoreError>;
-    /// Create or replace a site. An existing ingest key is kept when `site.ingest_key` is
-    /// `None` (so `tally site add` never drops it); `Some` sets it.
-    async fn put_site(&self, site: &Site) -> Result<(), StoreError>;
-    /// Create a site unless it exists (auto-sites); returns the stored one, or `None` when it
-    /// did not exist and `max_sites > 0` sites exist already (decided atomically, in one
-    /// statement).
-    async fn ensure_site(&self, site: &Site, max_sites: u64) -> Result<Option<Site>, StoreError>;
-    /// Set (`Some`) or clear (`None`) a site's ingest key; `false` when there is no such site.
-    async fn set_ingest_key(&self, id: &SiteId, key: Option<&str>) -> Result<bool, StoreError>;
-    /// How many sites are configured.
-    async fn site_count(&self) -> Result<u64, StoreError>;
-    /// Remove a site's configuration (its counted data stays). Returns whether it existed.
-    async fn remove_site(&self, id: &SiteId) -> Result<bool, StoreError>;
-
-    /// The secret salt of `day`: the stored one, or `fresh` stored now. Salts of days before
-    /// `day - 2` are deleted, so older hashes can never be recomputed.
-    async fn salt_for(&self, day: Date, fresh: [u8; 32]) -> Result<[u8; 32], StoreError>;
-
-    /// Recount counters from raw events; with `repair`, replace drifted counters.
-    async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError>;
 
     /// Daily numbers of a site (whole site) for the local days `from..=to`; days without
     /// views are absent.
@@ -250,15 +248,13 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<PageRow>, StoreError>;
 
-    /// The `limit` referring hosts with most views over the local days `from..=to`, whose
-    /// instants are `span` (`SiteZone::span`), from raw events, so only within the raw-event
-    /// retention.
+    /// The `limit` referring hosts with most page views over the local days `from..=to`
+    /// (ties by host), from raw events, so only within the raw-event retention.
     async fn top_referrers(
         &self,
         site: &SiteId,
         from: Date,
         to: Date,
-        span: (jiff::Timestamp, jiff::Timestamp),
         limit: u32,
     ) -> Result<Vec<ReferrerRow>, StoreError>;
 
@@ -273,10 +269,6 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<EventRow>, StoreError>;
 
-    /// Add views not counted (per site, local day and reason) to the stored tallies, in ONE
-    /// transaction, in the rows' order.
-    async fn add_filtered(&self, rows: &[FilteredRow]) -> Result<(), StoreError>;
-
     /// Views of a site not counted over the local days `from..=to`, by reason.
     async fn filtered(
         &self,
@@ -284,7 +276,28 @@ pub trait Store: Send + Sync + 'static {
         from: Date,
         to: Date,
     ) -> Result<FilteredCounts, StoreError>;
+}
 
+/// Site configuration: what `tally site …`, auto-sites and the site cache use.
+#[async_trait]
+pub trait SiteStore: Send + Sync {
+    /// All configured sites.
+    async fn list_sites(&self) -> Result<Vec<Site>, StoreError>;
+    /// One site.
+    async fn get_site(&self, id: &SiteId) -> Result<Option<Site>, StoreError>;
+    /// Create or replace a site. An existing ingest key is kept when `site.ingest_key` is
+    /// `None` (so `tally site add` never drops it); `Some` sets it.
+    async fn put_site(&self, site: &Site) -> Result<(), StoreError>;
+    /// Create a site unless it exists (auto-sites); returns the stored one, or `None` when it
+    /// did not exist and `max_sites > 0` sites exist already (decided atomically, in one
+    /// statement).
+    async fn ensure_site(&self, site: &Site, max_sites: u64) -> Result<Option<Site>, StoreError>;
+    /// Set (`Some`) or clear (`None`) a site's ingest key; `false` when there is no such site.
+    async fn set_ingest_key(&self, id: &SiteId, key: Option<&str>) -> Result<bool, StoreError>;
+    /// How many sites are configured.
+    async fn site_count(&self) -> Result<u64, StoreError>;
+    /// Remove a site's configuration (its counted data stays). Returns whether it existed.
+    async fn remove_site(&self, id: &SiteId) -> Result<bool, StoreError>;
     /// Set the carried-over numbers of a site (`page` = None) or one page.
     async fn set_base(
         &self,
@@ -292,6 +305,22 @@ pub trait Store: Send + Sync + 'static {
         page: Option<&PagePath>,
         base: Numbers,
     ) -> Result<(), StoreError>;
+}
+
+/// The daily secret salts of visitor hashes (shared by every collector on one database).
+#[async_trait]
+pub trait SaltStore: Send + Sync {
+    /// The secret salt of `day`: the stored one, or `fresh` stored now (the first writer wins,
+    /// so collectors racing on a new day all get the same salt). Salts of days before
+    /// `day - 2` are deleted, so older hashes can never be recomputed.
+    async fn salt_for(&self, day: Date, fresh: [u8; 32]) -> Result<[u8; 32], StoreError>;
+}
+
+/// Operator jobs: recount, retention, health.
+#[async_trait]
+pub trait Maintenance: Send + Sync {
+    /// Recount counters from raw events; with `repair`, replace drifted counters.
+    async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError>;
 
     /// Delete what `policy` no longer keeps, as of `now`, in small chunks (live traffic keeps
     /// flowing), and salts older than two days.
@@ -307,4 +336,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Free bytes on the database's filesystem, if the backend has one (cheap; for metrics).
     fn free_bytes(&self) -> Option<u64>;
+}
+
+/// A whole backend: every job. Implemented for any type that implements the five job traits;
+/// code that needs one job takes that trait (`Arc<dyn SiteStore>` coerces from
+/// `Arc<dyn Store>`).
+pub trait Store: EventSink + StatsReader + SiteStore + SaltStore + Maintenance + 'static {}
+
+impl<T: EventSink + StatsReader + SiteStore + SaltStore + Maintenance + 'static> Store for T {}
+
+/// The job traits, for code that calls store methods on a concrete backend (`SqliteStore`):
+/// `use tally::store::prelude::*;`. Calls through `dyn Store` need no import.
+pub mod prelude {
+    pub use super::{EventSink, Maintenance, SaltStore, SiteStore, StatsReader, Store};
 }

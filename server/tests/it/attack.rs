@@ -567,7 +567,7 @@ async fn stats_readers_are_bounded_on_a_site_with_100k_pages() {
     use tally::core::hit::HitKind;
     use tally::core::ids::{EventId, PagePath, SiteId, VisitorKey};
     use tally::core::record::{Record, Source};
-    use tally::store::Store;
+    use tally::store::prelude::*;
     use tally::store::sqlite::{SqliteStore, StoreOptions};
     let dir = tempfile::tempdir().expect("dir");
     let db = dir.path().join("tally.sqlite");

@@ -6,7 +6,7 @@ use std::process::Stdio;
 
 use jiff::civil::date;
 use tally::core::ids::{PagePath, SiteId};
-use tally::store::Store;
+use tally::store::prelude::*;
 use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
 use tally_wire::Numbers;
 use tokio::io::{AsyncBufReadExt, BufReader};

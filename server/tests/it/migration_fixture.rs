@@ -12,8 +12,9 @@ use tally::core::day::SiteZone;
 use tally::core::hit::HitKind;
 use tally::core::ids::{EventId, EventName, PagePath, SiteId, VisitorKey};
 use tally::core::record::{Record, Source};
+use tally::store::Site;
+use tally::store::prelude::*;
 use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
-use tally::store::{Site, Store};
 use tally_wire::Numbers;
 
 fn fixture(version: i64) -> PathBuf {

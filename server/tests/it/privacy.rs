@@ -196,7 +196,7 @@ async fn no_client_address_in_logs_database_or_wal_at_trace_level() {
 
 #[tokio::test]
 async fn an_expired_salt_leaves_no_copy_in_the_file_or_the_wal() {
-    use tally::store::Store;
+    use tally::store::prelude::*;
     use tally::store::sqlite::SqliteStore;
     let dir = tempfile::tempdir().expect("dir");
     let db = dir.path().join("salts.sqlite");

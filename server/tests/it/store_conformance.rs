@@ -1,5 +1,11 @@
-//! The store conformance suite: the same checks for every backend. A backend is added by one
-//! line in `backends!` (SQLite now; PostgreSQL joins here).
+//! The store conformance suite: the same checks for every backend.
+//!
+//! Every check is an `async fn name(db: &impl Harness)` that opens handles on one fresh
+//! database of the backend under test. `backends!` (at the end) runs EVERY check against
+//! EVERY backend listed there: a backend is added by one line (SQLite now; PostgreSQL joins
+//! here) plus its [`Harness`]. Together the checks call every [`Store`] method, and
+//! [`two_handles_commit_the_same_ids_at_once`] writes the same ids from two handles at once.
+//! What only one backend has (SQLite's disk floor and file identity) is tested beside it.
 
 use std::sync::Arc;
 
@@ -9,6 +15,33 @@ use tally::core::hit::HitKind;
 use tally::core::ids::{DedupeKey, EventId, EventName, PagePath, SiteId, VisitorKey};
 use tally::core::record::{Outcome, Record, Source};
 use tally::store::{OTHER_PAGE, Retention, Site, Store, StoreError};
+use tally_wire::Numbers;
+
+/// One fresh database of a backend under test (a temporary file, a fresh schema), and how to
+/// reach behind the store's back to damage it.
+pub trait Harness: Send + Sync + 'static {
+    /// A new, empty database.
+    fn fresh() -> Self;
+    /// A new handle (its own connections) on this database; `page_cap` is the number of new
+    /// pages per site and day (`Some(0)`: none), `None` the backend's default.
+    fn handle(&self, page_cap: Option<u32>) -> Arc<dyn Store>;
+    /// Change stored counters without the store (for `verify`); panics when nothing changed.
+    fn tamper(&self, damage: Tamper);
+}
+
+/// Damage to stored counters, for the checks of `verify`.
+#[derive(Debug, Clone, Copy)]
+pub enum Tamper {
+    /// Add `by` web views to the all-time row of `page` (of site `s`).
+    PageAllTimeViews { page: &'static str, by: i64 },
+    /// Delete every per-day row of the whole site `s`.
+    DropSiteDayRows,
+    /// Add `by` web views to the whole-site row of `day` (of site `s`).
+    SiteDayViews { day: jiff::civil::Date, by: i64 },
+}
+
+/// The backend's default page cap.
+const DEFAULT_CAP: Option<u32> = None;
 
 fn record(n: u8, visitor: u8, page: &str, day: jiff::civil::Date) -> Record {
     let at: jiff::Timestamp = "2026-04-01T12:00:00Z".parse().expect("ts");
@@ -25,7 +58,8 @@ fn record(n: u8, visitor: u8, page: &str, day: jiff::civil::Date) -> Record {
     }
 }
 
-async fn dedupes_within_and_across_batches(store: Arc<dyn Store>) {
+async fn dedupes_within_and_across_batches(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let d = date(2026, 4, 1);
     let out = store
         .commit(vec![
@@ -57,7 +91,8 @@ async fn dedupes_within_and_across_batches(store: Arc<dyn Store>) {
     assert_eq!(c.site_all.badge.views, 0);
 }
 
-async fn dedupe_keys_count_custom_events_once(store: Arc<dyn Store>) {
+async fn dedupe_keys_count_custom_events_once(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let d = date(2026, 4, 1);
     let event = |n: u8, key: Option<&str>| Record {
         kind: HitKind::Event {
@@ -91,7 +126,8 @@ async fn dedupe_keys_count_custom_events_once(store: Arc<dyn Store>) {
 /// Top events: names ranked by their count over the range (ties by name), cut to the limit,
 /// each with its day rows in order; days outside the range, other sites and page views are
 /// not counted.
-async fn top_events_rank_limit_and_split_by_day(store: Arc<dyn Store>) {
+async fn top_events_rank_limit_and_split_by_day(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let (d1, d2, d3) = (date(2026, 4, 1), date(2026, 4, 2), date(2026, 4, 3));
     let mut n: u8 = 0;
     let mut event = |name: &str, day, site: &str| {
@@ -138,14 +174,16 @@ async fn top_events_rank_limit_and_split_by_day(store: Arc<dyn Store>) {
     );
 }
 
-async fn verify_finds_and_repairs_drift(store: Arc<dyn Store>, tamper: impl FnOnce()) {
+async fn verify_finds_and_repairs_drift(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let d = date(2026, 4, 1);
     store
         .commit((0..20).map(|n| record(n, n % 3, "/a", d)).collect())
         .await
         .expect("commit");
     assert!(store.verify(false).await.expect("verify").drift.is_empty());
-    tamper();
+    db.tamper(Tamper::PageAllTimeViews { page: "/a", by: 5 });
+    db.tamper(Tamper::DropSiteDayRows);
     let report = store.verify(false).await.expect("verify");
     assert!(!report.drift.is_empty(), "tampering must show as drift");
     assert!(!report.repaired);
@@ -166,7 +204,8 @@ async fn verify_finds_and_repairs_drift(store: Arc<dyn Store>, tamper: impl FnOn
     assert_eq!((c.page_all.web.views, c.page_all.web.visitors), (20, 3));
 }
 
-async fn sites_round_trip(store: Arc<dyn Store>) {
+async fn sites_round_trip(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let site = Site {
         id: SiteId::parse("blog").expect("id"),
         origins: vec!["https://a.example".into(), "https://b.example".into()],
@@ -199,7 +238,8 @@ async fn sites_round_trip(store: Arc<dyn Store>) {
     assert!(store.get_site(&site.id).await.expect("get").is_none());
 }
 
-async fn salts_are_stable_per_day_and_forgotten(store: Arc<dyn Store>) {
+async fn salts_are_stable_per_day_and_forgotten(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let d1 = date(2026, 4, 1);
     let a = store.salt_for(d1, [1; 32]).await.expect("salt");
     let b = store.salt_for(d1, [2; 32]).await.expect("salt");
@@ -213,7 +253,8 @@ async fn salts_are_stable_per_day_and_forgotten(store: Arc<dyn Store>) {
     assert_eq!(store.salt_for(d1, [4; 32]).await.expect("salt"), [4; 32]);
 }
 
-async fn prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify(store: Arc<dyn Store>) {
+async fn prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let d = date(2026, 4, 1);
     let keyed = |n: u8| Record {
         kind: HitKind::Event {
@@ -263,75 +304,9 @@ async fn prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify(store: Arc<dyn 
     );
 }
 
-mod sqlite {
-    use super::*;
-    use tally::store::sqlite::{SqliteStore, StoreOptions};
-
-    fn open() -> (tempfile::TempDir, std::path::PathBuf, Arc<dyn Store>) {
-        open_with(StoreOptions::default())
-    }
-
-    fn open_with(options: StoreOptions) -> (tempfile::TempDir, std::path::PathBuf, Arc<dyn Store>) {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("t.sqlite");
-        let store = SqliteStore::open(&path, options).expect("open");
-        (dir, path, Arc::new(store))
-    }
-
-    #[tokio::test]
-    async fn dedupes_within_and_across_batches() {
-        super::dedupes_within_and_across_batches(open().2).await;
-    }
-
-    #[tokio::test]
-    async fn dedupe_keys_count_custom_events_once() {
-        super::dedupe_keys_count_custom_events_once(open().2).await;
-    }
-
-    #[tokio::test]
-    async fn top_events_rank_limit_and_split_by_day() {
-        super::top_events_rank_limit_and_split_by_day(open().2).await;
-    }
-
-    #[tokio::test]
-    async fn verify_finds_and_repairs_drift() {
-        let (_dir, path, store) = open();
-        super::verify_finds_and_repairs_drift(store, || {
-            let conn = rusqlite::Connection::open(&path).expect("open");
-            conn.execute(
-                "UPDATE counters SET views = views + 5 WHERE day = -1 \
-                 AND scope = (SELECT id FROM pages WHERE path = '/a')",
-                [],
-            )
-            .expect("tamper");
-            conn.execute(
-                "DELETE FROM counters WHERE day != -1 \
-                 AND scope = (SELECT id FROM pages WHERE path = '')",
-                [],
-            )
-            .expect("tamper");
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify() {
-        super::prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify(open().2).await;
-    }
-
-    #[tokio::test]
-    async fn sites_round_trip() {
-        super::sites_round_trip(open().2).await;
-    }
-
-    #[tokio::test]
-    async fn salts_are_stable_per_day_and_forgotten() {
-        super::salts_are_stable_per_day_and_forgotten(open().2).await;
-    }
-}
-
 /// Range visitors are exact (not estimated): 100k distinct visitors over three overlapping days.
-async fn range_visitors_are_exact_at_100k(store: Arc<dyn Store>) {
+async fn range_visitors_are_exact_at_100k(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let days = [date(2026, 4, 1), date(2026, 4, 2), date(2026, 4, 3)];
     let mut n: u32 = 0;
     for (i, day) in days.iter().enumerate() {
@@ -382,22 +357,6 @@ async fn range_visitors_are_exact_at_100k(store: Arc<dyn Store>) {
     );
 }
 
-mod sqlite_ranges {
-    use super::*;
-    use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
-
-    #[tokio::test]
-    async fn range_visitors_are_exact_at_100k() {
-        let dir = tempfile::tempdir().expect("dir");
-        let options = StoreOptions {
-            sync: SyncMode::Normal,
-            ..StoreOptions::default()
-        };
-        let store = SqliteStore::open(&dir.path().join("r.sqlite"), options).expect("open");
-        super::range_visitors_are_exact_at_100k(Arc::new(store)).await;
-    }
-}
-
 /// A page view number `i` (any u32) of `visitor` on `page`, at noon UTC of `day`.
 fn view(i: u32, visitor: u32, page: &str, day: jiff::civil::Date) -> Record {
     let at = day
@@ -431,7 +390,8 @@ fn top_views(rows: &[tally::store::PageRow]) -> Vec<(String, u64, u64)> {
 
 /// With a cap of 3 new pages per site and day: the 4th and later new pages of the day count
 /// under `(other)`, known pages keep counting, the next day has a fresh allowance.
-async fn page_cap_counts_new_pages_beyond_it_under_other(store: Arc<dyn Store>) {
+async fn page_cap_counts_new_pages_beyond_it_under_other(db: &impl Harness) {
+    let store = db.handle(Some(3));
     let (d1, d2) = (date(2026, 4, 1), date(2026, 4, 2));
     let batch = vec![
         view(1, 1, "/a", d1),
@@ -474,8 +434,9 @@ async fn page_cap_counts_new_pages_beyond_it_under_other(store: Arc<dyn Store>) 
 }
 
 /// Each kind of retention removes its rows, keeps the rest exact, and a repair afterwards
-/// (forced by `tamper`, which bumps a whole-site counter of 04-02) brings nothing back.
-async fn prune_each_kind_keeps_verify_clean(store: Arc<dyn Store>, tamper: impl FnOnce()) {
+/// (forced by tampering: one more view on the whole-site counter of 04-02) brings nothing back.
+async fn prune_each_kind_keeps_verify_clean(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let (d1, d2) = (date(2026, 4, 1), date(2026, 4, 2));
     let mut batch = Vec::new();
     for i in 0..40u32 {
@@ -542,7 +503,10 @@ async fn prune_each_kind_keeps_verify_clean(store: Arc<dyn Store>, tamper: impl 
     let report = store.verify(false).await.expect("verify");
     assert!(report.drift.is_empty() && report.checked > 0, "{report:?}");
 
-    tamper();
+    db.tamper(Tamper::SiteDayViews {
+        day: date(2026, 4, 2),
+        by: 1,
+    });
     let report = store.verify(true).await.expect("repair");
     assert!(report.repaired && report.drift.len() == 1, "{report:?}");
     assert!(store.verify(false).await.expect("verify").drift.is_empty());
@@ -569,30 +533,8 @@ async fn prune_each_kind_keeps_verify_clean(store: Arc<dyn Store>, tamper: impl 
     assert_eq!(store.salt_for(d1, [2; 32]).await.expect("salt"), [2; 32]);
 }
 
-/// `full` and `roomy` are two stores on one database; `full` has a floor no disk reaches.
-async fn disk_floor_refuses_and_stores_nothing(full: Arc<dyn Store>, roomy: Arc<dyn Store>) {
-    let d = date(2026, 4, 1);
-    let batch = vec![view(1, 1, "/a", d), view(2, 2, "/b", d)];
-    match full.commit(batch.clone()).await {
-        Err(StoreError::DiskFull { free, floor }) => {
-            assert_eq!(floor, u64::MAX);
-            assert!(free > 0 && Some(free) <= full.free_bytes().map(|f| f + (64 << 20)));
-        }
-        other => panic!("expected DiskFull, got {other:?}"),
-    }
-    assert!(matches!(
-        full.probe().await,
-        Err(StoreError::DiskFull { .. })
-    ));
-    roomy.probe().await.expect("probe");
-    assert_eq!(
-        roomy.commit(batch).await.expect("commit"),
-        [Outcome::Accepted, Outcome::Accepted],
-        "nothing of the refused batch was stored"
-    );
-}
-
-async fn ensure_site_respects_max_sites(store: Arc<dyn Store>) {
+async fn ensure_site_respects_max_sites(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let site = |id: &str| Site {
         id: SiteId::parse(id).expect("id"),
         origins: vec!["*".into()],
@@ -639,7 +581,8 @@ async fn ensure_site_respects_max_sites(store: Arc<dyn Store>) {
     assert_eq!(store.site_count().await.expect("count"), 6);
 }
 
-async fn ingest_key_is_kept_by_put_site(store: Arc<dyn Store>) {
+async fn ingest_key_is_kept_by_put_site(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let mut site = Site {
         id: SiteId::parse("api").expect("id"),
         origins: vec!["https://a.example".into()],
@@ -682,7 +625,8 @@ async fn ingest_key_is_kept_by_put_site(store: Arc<dyn Store>) {
 }
 
 /// Ranked by the larger of web and badge views over the range, ties by path, cut to `limit`.
-async fn top_pages_rank_by_the_larger_source_and_limit(store: Arc<dyn Store>) {
+async fn top_pages_rank_by_the_larger_source_and_limit(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     let (d1, d2) = (date(2026, 4, 1), date(2026, 4, 2));
     let badge = |r: Record| Record {
         source: Source::Badge,
@@ -737,7 +681,8 @@ async fn top_pages_rank_by_the_larger_source_and_limit(store: Arc<dyn Store>) {
     assert_eq!(top_views(&top), [("/a".to_owned(), 3, 3)]);
 }
 
-async fn filtered_tallies_add_up_per_site_day_and_reason(store: Arc<dyn Store>) {
+async fn filtered_tallies_add_up_per_site_day_and_reason(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
     use tally::core::filtered::{FilteredRow, Reason};
     let (d1, d2) = (date(2026, 4, 1), date(2026, 4, 2));
     let row = |site: &str, day, reason, count| FilteredRow {
@@ -778,9 +723,365 @@ async fn filtered_tallies_add_up_per_site_day_and_reason(store: Arc<dyn Store>) 
     assert_eq!(none.total(), 0);
 }
 
-mod sqlite_v2 {
+/// Two handles (each with its own connections, like two collectors) commit overlapping
+/// batches of the same event ids, and custom events with the same dedupe keys under different
+/// event ids, at the same time: each id and each key counts exactly once, both handles read
+/// the same numbers, and `verify` finds no drift.
+async fn two_handles_commit_the_same_ids_at_once(db: &impl Harness) {
+    let (a, b) = (db.handle(DEFAULT_CAP), db.handle(DEFAULT_CAP));
+    let d = date(2026, 4, 1);
+    let records: Vec<Record> = (0..600u32)
+        .map(|i| view(i, i % 37, &format!("/p{}", i % 11), d))
+        .collect();
+    let keyed = |i: u32, key: u32| Record {
+        kind: HitKind::Event {
+            name: EventName::parse("purchase").expect("name"),
+            dedupe: Some(DedupeKey::parse(&format!("order_{key}")).expect("key")),
+        },
+        ..view(i, key, "/cart", d)
+    };
+    let mut tasks = Vec::new();
+    for (n, chunk) in records.chunks(50).enumerate() {
+        // Each chunk goes to both handles, in opposite orders, with 5 keyed events each: the
+        // same keys, different event ids per handle.
+        let (first, second) = if n % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        for (h, store) in [first, second].into_iter().enumerate() {
+            let mut batch = chunk.to_vec();
+            let base = 10_000 + (n as u32) * 100 + (h as u32) * 10;
+            batch.extend((0..5u32).map(|k| keyed(base + k, n as u32 * 5 + k)));
+            let store = Arc::clone(store);
+            tasks.push(tokio::spawn(async move { store.commit(batch).await }));
+        }
+    }
+    let mut accepted = 0;
+    for task in tasks {
+        let outcomes = task.await.expect("join").expect("commit");
+        accepted += outcomes.iter().filter(|o| **o == Outcome::Accepted).count();
+    }
+    let keys = records.chunks(50).count() * 5;
+    assert_eq!(
+        accepted,
+        records.len() + keys,
+        "each id and each dedupe key accepted by exactly one handle"
+    );
+    for store in [&a, &b] {
+        let c = store
+            .counts(&site_s(), &PagePath::parse("/p0").expect("p"), d)
+            .await
+            .expect("counts");
+        assert_eq!((c.site_all.web.views, c.site_all.web.visitors), (600, 37));
+        let events = store.top_events(&site_s(), d, d, 10).await.expect("events");
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].count, keys as u64);
+        let report = store.verify(false).await.expect("verify");
+        assert!(report.drift.is_empty(), "{report:?}");
+    }
+}
+
+/// The daily series of a whole site: one row per day with views, in day order, by source;
+/// days without views are absent; custom events are not views.
+async fn series_lists_days_with_views_by_source(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
+    let (d1, d2, d3) = (date(2026, 4, 1), date(2026, 4, 2), date(2026, 4, 3));
+    let badge = |i: u32, visitor: u32| Record {
+        source: Source::Badge,
+        ..view(i, visitor, "/b", d3)
+    };
+    let event = Record {
+        kind: HitKind::Event {
+            name: EventName::parse("signup").expect("name"),
+            dedupe: None,
+        },
+        ..view(9, 9, "/a", d2)
+    };
+    store
+        .commit(vec![
+            view(1, 1, "/a", d1),
+            view(2, 1, "/b", d1),
+            view(3, 2, "/a", d1),
+            badge(4, 5),
+            badge(5, 5),
+            event,
+        ])
+        .await
+        .expect("commit");
+    let series = store.series(&site_s(), d1, d3).await.expect("series");
+    let rows: Vec<_> = series
+        .iter()
+        .map(|r| {
+            let n = r.numbers;
+            (
+                r.day,
+                n.web.views,
+                n.web.visitors,
+                n.badge.views,
+                n.badge.visitors,
+            )
+        })
+        .collect();
+    assert_eq!(rows, [(d1, 3, 2, 0, 0), (d3, 0, 0, 2, 1)]);
+    assert_eq!(store.series(&site_s(), d2, d2).await.expect("s"), []);
+    let unknown = SiteId::parse("nobody").expect("id");
+    assert_eq!(store.series(&unknown, d1, d3).await.expect("s"), []);
+}
+
+/// Referring hosts of page views over local days, ranked by views then host, limited. The
+/// events of a local day may lie up to 14 h before or 12 h after the UTC day of that date:
+/// they count (the backend may not assume UTC days), and so do referrers with paths.
+async fn top_referrers_rank_hosts_of_local_days(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
+    let (d, next) = (date(2026, 4, 2), date(2026, 4, 3));
+    let from = |i: u32, at: &str, day, referrer: &str| {
+        let at: jiff::Timestamp = at.parse().expect("ts");
+        let mut id = [0u8; 10];
+        id[4..8].copy_from_slice(&i.to_be_bytes());
+        Record {
+            event_id: EventId::new_at(at, id),
+            at_ms: at.as_millisecond(),
+            referrer: Some(referrer.to_owned()),
+            ..view(i, i, "/a", day)
+        }
+    };
+    let event = Record {
+        kind: HitKind::Event {
+            name: EventName::parse("click").expect("name"),
+            dedupe: None,
+        },
+        ..from(7, "2026-04-02T12:00:00Z", d, "https://d.example/")
+    };
+    store
+        .commit(vec![
+            from(1, "2026-04-02T12:00:00Z", d, "https://a.example/x"),
+            // 00:00 on 04-02 at UTC+14 and 23:59 on 04-02 at UTC-12.
+            from(2, "2026-04-01T10:00:00Z", d, "https://a.example/y"),
+            from(3, "2026-04-03T11:59:00Z", d, "https://a.example"),
+            from(4, "2026-04-02T12:00:00Z", d, "https://b.example/1"),
+            from(5, "2026-04-02T13:00:00Z", d, "https://b.example/2"),
+            from(6, "2026-04-02T14:00:00Z", d, "http://c.example/"),
+            event,
+            from(8, "2026-04-03T12:00:00Z", next, "https://a.example/z"),
+        ])
+        .await
+        .expect("commit");
+    let hosts = |rows: Vec<tally::store::ReferrerRow>| -> Vec<(String, u64)> {
+        rows.into_iter().map(|r| (r.host, r.views)).collect()
+    };
+    let all = store.top_referrers(&site_s(), d, d, 10).await.expect("top");
+    assert_eq!(
+        hosts(all),
+        [
+            ("a.example".to_owned(), 3),
+            ("b.example".to_owned(), 2),
+            ("c.example".to_owned(), 1)
+        ]
+    );
+    let two = store.top_referrers(&site_s(), d, d, 2).await.expect("top");
+    assert_eq!(two.len(), 2);
+    let both = store
+        .top_referrers(&site_s(), d, next, 1)
+        .await
+        .expect("top");
+    assert_eq!(hosts(both), [("a.example".to_owned(), 4)]);
+}
+
+/// Carried-over numbers of a site and of a page are shown in `counts`; setting them again
+/// replaces them (it does not add).
+async fn set_base_replaces_carried_over_numbers(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
+    let d = date(2026, 4, 1);
+    let page = PagePath::parse("/a").expect("p");
+    store
+        .commit(vec![view(1, 1, "/a", d)])
+        .await
+        .expect("commit");
+    let n = |views, visitors| Numbers { views, visitors };
+    store
+        .set_base(&site_s(), None, n(100, 50))
+        .await
+        .expect("base");
+    store
+        .set_base(&site_s(), Some(&page), n(10, 5))
+        .await
+        .expect("base");
+    let c = store.counts(&site_s(), &page, d).await.expect("counts");
+    assert_eq!((c.site_base, c.page_base), (n(100, 50), n(10, 5)));
+    assert_eq!(
+        c.site_all.web.views, 1,
+        "bases are kept apart from counters"
+    );
+    store
+        .set_base(&site_s(), None, n(7, 3))
+        .await
+        .expect("base");
+    let c = store.counts(&site_s(), &page, d).await.expect("counts");
+    assert_eq!((c.site_base, c.page_base), (n(7, 3), n(10, 5)));
+    // A base for a site nobody counted yet.
+    let fresh = SiteId::parse("fresh").expect("id");
+    store.set_base(&fresh, None, n(1, 1)).await.expect("base");
+    let c = store.counts(&fresh, &page, d).await.expect("counts");
+    assert_eq!(c.site_base, n(1, 1));
+}
+
+/// `list_sites` and `site_count` see exactly the configured sites, removals included.
+async fn list_sites_sees_every_configured_site(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
+    assert!(store.list_sites().await.expect("list").is_empty());
+    for (id, public) in [("b", true), ("a", false), ("c", true)] {
+        let site = Site {
+            id: SiteId::parse(id).expect("id"),
+            origins: vec!["*".into()],
+            zone: SiteZone::parse("America/New_York").expect("zone"),
+            public,
+            ingest_key: None,
+        };
+        store.put_site(&site).await.expect("put");
+    }
+    let listed = |sites: Vec<Site>| {
+        let mut v: Vec<(String, bool, String)> = sites
+            .into_iter()
+            .map(|s| (s.id.to_string(), s.public, s.zone.name().to_owned()))
+            .collect();
+        v.sort();
+        v
+    };
+    let ny = || "America/New_York".to_owned();
+    assert_eq!(
+        listed(store.list_sites().await.expect("list")),
+        [
+            ("a".into(), false, ny()),
+            ("b".into(), true, ny()),
+            ("c".into(), true, ny())
+        ]
+    );
+    assert_eq!(store.site_count().await.expect("count"), 3);
+    assert!(
+        store
+            .remove_site(&SiteId::parse("b").expect("id"))
+            .await
+            .expect("rm")
+    );
+    assert!(
+        !store
+            .remove_site(&SiteId::parse("b").expect("id"))
+            .await
+            .expect("rm")
+    );
+    assert_eq!(store.site_count().await.expect("count"), 2);
+    assert_eq!(store.list_sites().await.expect("list").len(), 2);
+}
+
+/// A fresh handle answers its readiness probe; free space, when known, is not zero.
+async fn probe_answers_on_a_healthy_store(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
+    store.probe().await.expect("probe");
+    if let Some(free) = store.free_bytes() {
+        assert!(free > 0);
+    }
+    store
+        .commit(vec![view(1, 1, "/a", date(2026, 4, 1))])
+        .await
+        .expect("commit");
+    store.probe().await.expect("probe after a commit");
+}
+
+fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// 100,000 pages in one day: the top 10 come ranked and limited from SQL.
+async fn top_pages_of_100k_pages(db: &impl Harness) {
+    let store = db.handle(Some(0));
+    let d = date(2026, 4, 1);
+    let mut records: Vec<Record> = (0..100_000u32)
+        .map(|i| view(i, i % 1000, &format!("/page/{i:06}"), d))
+        .collect();
+    // Pages 50,000 + k (k < 12) get 30 - 2k more views, each from another visitor.
+    let mut n = 100_000u32;
+    for k in 0..12u32 {
+        for j in 0..(30 - 2 * k) {
+            n += 1;
+            records.push(view(n, 5000 + j, &format!("/page/{:06}", 50_000 + k), d));
+        }
+    }
+    for chunk in records.chunks(5000) {
+        store.commit(chunk.to_vec()).await.expect("commit");
+    }
+    let before = rss_kib();
+    let top = store.top_pages(&site_s(), d, d, 10).await.expect("top");
+    let after = rss_kib();
+    let expected: Vec<(String, u64, u64)> = (0..10u32)
+        .map(|k| {
+            let extra = u64::from(30 - 2 * k);
+            (format!("/page/{:06}", 50_000 + k), extra + 1, extra + 1)
+        })
+        .collect();
+    assert_eq!(top_views(&top), expected);
+    if let (Some(before), Some(after)) = (before, after) {
+        println!(
+            "top_pages over 100,000 pages: RSS {before} KiB -> {after} KiB ({:+} KiB)",
+            after as i64 - before as i64
+        );
+    }
+}
+
+/// Runs every check above against one backend's [`Harness`], each on a fresh database.
+macro_rules! conformance {
+    ($harness:ty; $($check:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $check() {
+            let db = <$harness as crate::store_conformance::Harness>::fresh();
+            crate::store_conformance::$check(&db).await;
+        }
+    )*};
+}
+
+/// One module per backend, each running the whole suite. Every check is listed here once.
+macro_rules! backends {
+    ($($name:ident => $harness:ty),* $(,)?) => {$(
+        mod $name {
+            conformance!($harness;
+                dedupes_within_and_across_batches,
+                dedupe_keys_count_custom_events_once,
+                two_handles_commit_the_same_ids_at_once,
+                top_events_rank_limit_and_split_by_day,
+                verify_finds_and_repairs_drift,
+                sites_round_trip,
+                list_sites_sees_every_configured_site,
+                ensure_site_respects_max_sites,
+                ingest_key_is_kept_by_put_site,
+                set_base_replaces_carried_over_numbers,
+                salts_are_stable_per_day_and_forgotten,
+                prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify,
+                prune_each_kind_keeps_verify_clean,
+                range_visitors_are_exact_at_100k,
+                page_cap_counts_new_pages_beyond_it_under_other,
+                series_lists_days_with_views_by_source,
+                top_pages_rank_by_the_larger_source_and_limit,
+                top_pages_of_100k_pages,
+                top_referrers_rank_hosts_of_local_days,
+                filtered_tallies_add_up_per_site_day_and_reason,
+                probe_answers_on_a_healthy_store,
+            );
+        }
+    )*};
+}
+
+backends! {
+    sqlite => crate::store_conformance::sqlite_backend::SqliteDb,
+}
+
+/// The SQLite harness, and what only SQLite has: the disk floor and the file's identity.
+mod sqlite_backend {
     use super::*;
     use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
+
+    /// A database file in its own temporary directory.
+    pub struct SqliteDb {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+    }
 
     fn options() -> StoreOptions {
         StoreOptions {
@@ -793,85 +1094,85 @@ mod sqlite_v2 {
         Arc::new(SqliteStore::open(path, options).expect("open"))
     }
 
-    #[tokio::test]
-    async fn filtered_tallies_add_up_per_site_day_and_reason() {
-        let dir = tempfile::tempdir().expect("dir");
-        super::filtered_tallies_add_up_per_site_day_and_reason(open_at(
-            &dir.path().join("t.sqlite"),
-            options(),
-        ))
-        .await;
+    impl Harness for SqliteDb {
+        fn fresh() -> Self {
+            let dir = tempfile::tempdir().expect("dir");
+            let path = dir.path().join("t.sqlite");
+            Self { _dir: dir, path }
+        }
+
+        fn handle(&self, page_cap: Option<u32>) -> Arc<dyn Store> {
+            let mut options = options();
+            if let Some(cap) = page_cap {
+                options.max_new_pages_per_day = cap;
+            }
+            open_at(&self.path, options)
+        }
+
+        fn tamper(&self, damage: Tamper) {
+            let conn = rusqlite::Connection::open(&self.path).expect("open");
+            let site = "(SELECT p.id FROM pages p JOIN site_keys k ON p.site = k.id \
+                        WHERE k.name = 's' AND p.path = ?1)";
+            let changed = match damage {
+                Tamper::PageAllTimeViews { page, by } => conn.execute(
+                    &format!("UPDATE counters SET views = views + ?2 WHERE day = -1 AND scope = {site}"),
+                    rusqlite::params![page, by],
+                ),
+                Tamper::DropSiteDayRows => conn.execute(
+                    &format!("DELETE FROM counters WHERE day != -1 AND scope = {site}"),
+                    [""],
+                ),
+                Tamper::SiteDayViews { day, by } => {
+                    let n = day
+                        .duration_since(date(1970, 1, 1))
+                        .as_secs()
+                        .div_euclid(86_400);
+                    conn.execute(
+                        &format!(
+                            "UPDATE counters SET views = views + ?2 WHERE day = ?3 AND scope = {site}"
+                        ),
+                        rusqlite::params!["", by, n],
+                    )
+                }
+            }
+            .expect("tamper");
+            assert!(changed > 0, "{damage:?} changed nothing");
+        }
+    }
+
+    async fn disk_floor_refuses_and_stores_nothing(full: Arc<dyn Store>, roomy: Arc<dyn Store>) {
+        let d = date(2026, 4, 1);
+        let batch = vec![view(1, 1, "/a", d), view(2, 2, "/b", d)];
+        match full.commit(batch.clone()).await {
+            Err(StoreError::DiskFull { free, floor }) => {
+                assert_eq!(floor, u64::MAX);
+                assert!(free > 0 && Some(free) <= full.free_bytes().map(|f| f + (64 << 20)));
+            }
+            other => panic!("expected DiskFull, got {other:?}"),
+        }
+        assert!(matches!(
+            full.probe().await,
+            Err(StoreError::DiskFull { .. })
+        ));
+        roomy.probe().await.expect("probe");
+        assert_eq!(
+            roomy.commit(batch).await.expect("commit"),
+            [Outcome::Accepted, Outcome::Accepted],
+            "nothing of the refused batch was stored"
+        );
     }
 
     #[tokio::test]
-    async fn page_cap_counts_new_pages_beyond_it_under_other() {
-        let dir = tempfile::tempdir().expect("dir");
-        let options = StoreOptions {
-            max_new_pages_per_day: 3,
-            ..options()
-        };
-        super::page_cap_counts_new_pages_beyond_it_under_other(open_at(
-            &dir.path().join("t.sqlite"),
-            options,
-        ))
-        .await;
-    }
-
-    #[tokio::test]
-    async fn prune_each_kind_keeps_verify_clean() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("t.sqlite");
-        let store = open_at(&path, options());
-        super::prune_each_kind_keeps_verify_clean(store, || {
-            let conn = rusqlite::Connection::open(&path).expect("open");
-            let changed = conn
-                .execute(
-                    "UPDATE counters SET views = views + 1 WHERE day = 20545 \
-                     AND scope = (SELECT id FROM pages WHERE path = '')",
-                    [],
-                )
-                .expect("tamper");
-            assert_eq!(changed, 1);
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn disk_floor_refuses_and_stores_nothing() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("t.sqlite");
+    async fn disk_floor_refuses_commits_and_stores_nothing() {
+        let db = SqliteDb::fresh();
         let full = StoreOptions {
             min_free_bytes: u64::MAX,
             ..options()
         };
-        super::disk_floor_refuses_and_stores_nothing(
-            open_at(&path, full),
-            open_at(&path, options()),
+        disk_floor_refuses_and_stores_nothing(
+            open_at(&db.path, full),
+            open_at(&db.path, options()),
         )
-        .await;
-    }
-
-    #[tokio::test]
-    async fn ensure_site_respects_max_sites() {
-        let dir = tempfile::tempdir().expect("dir");
-        super::ensure_site_respects_max_sites(open_at(&dir.path().join("t.sqlite"), options()))
-            .await;
-    }
-
-    #[tokio::test]
-    async fn ingest_key_is_kept_by_put_site() {
-        let dir = tempfile::tempdir().expect("dir");
-        super::ingest_key_is_kept_by_put_site(open_at(&dir.path().join("t.sqlite"), options()))
-            .await;
-    }
-
-    #[tokio::test]
-    async fn top_pages_rank_by_the_larger_source_and_limit() {
-        let dir = tempfile::tempdir().expect("dir");
-        super::top_pages_rank_by_the_larger_source_and_limit(open_at(
-            &dir.path().join("t.sqlite"),
-            options(),
-        ))
         .await;
     }
 
@@ -922,94 +1223,6 @@ mod sqlite_v2 {
         match store.commit(vec![view(4, 4, "/a", d)]).await {
             Err(StoreError::FileLost(why)) => assert!(why.contains("replaced"), "{why}"),
             other => panic!("expected FileLost, got {other:?}"),
-        }
-    }
-
-    /// Two stores on one file commit the same event ids at the same time: each id counts once.
-    #[tokio::test]
-    async fn two_stores_on_one_file_count_each_id_once() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("t.sqlite");
-        let (a, b) = (open_at(&path, options()), open_at(&path, options()));
-        let d = date(2026, 4, 1);
-        let records: Vec<Record> = (0..600u32)
-            .map(|i| view(i, i % 37, &format!("/p{}", i % 11), d))
-            .collect();
-        let mut tasks = Vec::new();
-        for (n, chunk) in records.chunks(50).enumerate() {
-            // Each chunk goes to both stores, in opposite orders.
-            let (first, second) = if n % 2 == 0 { (&a, &b) } else { (&b, &a) };
-            for store in [first, second] {
-                let (store, chunk) = (Arc::clone(store), chunk.to_vec());
-                tasks.push(tokio::spawn(async move { store.commit(chunk).await }));
-            }
-        }
-        let mut accepted = 0;
-        for task in tasks {
-            let outcomes = task.await.expect("join").expect("commit");
-            accepted += outcomes.iter().filter(|o| **o == Outcome::Accepted).count();
-        }
-        assert_eq!(
-            accepted,
-            records.len(),
-            "each id accepted by exactly one store"
-        );
-        for store in [&a, &b] {
-            let c = store
-                .counts(&site_s(), &PagePath::parse("/p0").expect("p"), d)
-                .await
-                .expect("counts");
-            assert_eq!((c.site_all.web.views, c.site_all.web.visitors), (600, 37));
-            let report = store.verify(false).await.expect("verify");
-            assert!(report.drift.is_empty(), "{report:?}");
-        }
-    }
-
-    fn rss_kib() -> Option<u64> {
-        let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-        line.split_whitespace().nth(1)?.parse().ok()
-    }
-
-    /// 100,000 pages in one day: the top 10 come ranked and limited from SQL.
-    #[tokio::test]
-    async fn top_pages_of_100k_pages() {
-        let dir = tempfile::tempdir().expect("dir");
-        let options = StoreOptions {
-            max_new_pages_per_day: 0,
-            ..options()
-        };
-        let store = open_at(&dir.path().join("t.sqlite"), options);
-        let d = date(2026, 4, 1);
-        let mut records: Vec<Record> = (0..100_000u32)
-            .map(|i| view(i, i % 1000, &format!("/page/{i:06}"), d))
-            .collect();
-        // Pages 50,000 + k (k < 12) get 30 - 2k more views, each from another visitor.
-        let mut n = 100_000u32;
-        for k in 0..12u32 {
-            for j in 0..(30 - 2 * k) {
-                n += 1;
-                records.push(view(n, 5000 + j, &format!("/page/{:06}", 50_000 + k), d));
-            }
-        }
-        for chunk in records.chunks(5000) {
-            store.commit(chunk.to_vec()).await.expect("commit");
-        }
-        let before = rss_kib();
-        let top = store.top_pages(&site_s(), d, d, 10).await.expect("top");
-        let after = rss_kib();
-        let expected: Vec<(String, u64, u64)> = (0..10u32)
-            .map(|k| {
-                let extra = u64::from(30 - 2 * k);
-                (format!("/page/{:06}", 50_000 + k), extra + 1, extra + 1)
-            })
-            .collect();
-        assert_eq!(top_views(&top), expected);
-        if let (Some(before), Some(after)) = (before, after) {
-            println!(
-                "top_pages over 100,000 pages: RSS {before} KiB -> {after} KiB ({:+} KiB)",
-                after as i64 - before as i64
-            );
         }
     }
 }

@@ -9,8 +9,9 @@ use tally::core::day::SiteZone;
 use tally::core::hit::HitKind;
 use tally::core::ids::{DedupeKey, EventId, EventName, PagePath, SiteId, VisitorKey};
 use tally::core::record::{Record, Source};
+use tally::store::prelude::*;
 use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
-use tally::store::{Site, Store, StoreError};
+use tally::store::{Site, StoreError};
 use tally_wire::Numbers;
 
 /// The v1 schema, exactly as the first release created it (the fixture).
@@ -246,9 +247,8 @@ async fn answers(store: &dyn Store) -> String {
         for (a, b) in [(from, to), (from, from), (to, to)] {
             let t = store.range_totals(&site, a, b).await.expect("totals");
             let top = store.top_pages(&site, a, b, 10).await.expect("top");
-            let span = SiteZone::utc().span(a, b);
             let refs = store
-                .top_referrers(&site, a, b, span, 10)
+                .top_referrers(&site, a, b, 10)
                 .await
                 .expect("referrers");
             out += &format!("{site} {a}..{b}: {t:?} {top:?} {refs:?}\n");

@@ -52,8 +52,9 @@ pub(super) fn backup_before_migration(
         .to_str()
         .ok_or_else(|| StoreError::Invalid("backup path is not UTF-8".into()))?
         .to_owned();
-    conn.execute("VACUUM INTO ?1", [&target])
-        .map_err(|e| StoreError::Backend(format!("backup before migration to {target}: {e}")))?;
+    conn.execute("VACUUM INTO ?1", [&target]).map_err(|e| {
+        StoreError::Unavailable(format!("backup before migration to {target}: {e}"))
+    })?;
     tracing::info!(backup = %target, from = version, "copied the database before migrating");
     Ok(())
 }

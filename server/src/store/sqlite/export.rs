@@ -36,7 +36,7 @@ pub struct EventExportRow {
 
 /// Errors of the row callback pass through as `Backend` with their text.
 fn sink_error(e: std::io::Error) -> StoreError {
-    StoreError::Backend(format!("writing the export: {e}"))
+    StoreError::Unavailable(format!("writing the export: {e}"))
 }
 
 impl SqliteStore {

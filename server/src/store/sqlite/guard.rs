@@ -78,7 +78,7 @@ impl FileGuard {
     /// Remember the identity of the (already opened) file at `path`.
     pub(super) fn new(path: &Path, floor: u64) -> Result<Self, StoreError> {
         let meta = std::fs::metadata(path)
-            .map_err(|e| StoreError::Backend(format!("cannot stat {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::Unavailable(format!("cannot stat {}: {e}", path.display())))?;
         let dir = match path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
             _ => PathBuf::from("."),

@@ -1,6 +1,6 @@
 //! The embedded backend: one SQLite file, no other process.
 //!
-//! Contract, beyond [`Store`]'s:
+//! Contract, beyond [`super::Store`]'s:
 //! - WAL journal; `synchronous=FULL` by default, so a committed batch survives `kill -9` and
 //!   power loss (`NORMAL` survives `kill -9` only, and is faster).
 //! - One writer connection per store (SQLite has one writer anyway; two stores on one file
@@ -23,7 +23,13 @@
 //!   raw-event and the visitor-set markers (`meta.visitor_rows_before_day`), so it never
 //!   resurrects pruned rows.
 //!
-//! Files: this one opens the database and implements [`Store`]; `schema` creates and migrates
+//! - SQLite's busy/locked answers become [`StoreError::Conflict`] (retryable); other errors
+//!   [`StoreError::Unavailable`].
+//! - `top_referrers` walks the events' primary key over the UUIDv7 range of its local days
+//!   widened by 26 h each side (any zone), then filters by the exact stored day.
+//!
+//! Files: this one opens the database and implements the five job traits ([`EventSink`],
+//! [`StatsReader`], [`SiteStore`], [`SaltStore`], [`Maintenance`]); `schema` creates and migrates
 //! the tables, `intern` maps names to ids, `guard` checks disk and file, `write` commits
 //! batches, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
 
@@ -51,7 +57,6 @@ use schema::ALL_TIME;
 use verify::verify_counters;
 use write::commit_batch;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -61,8 +66,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use tally_wire::Numbers;
 
 use super::{
-    BySource, CountsRaw, DayRow, Drift, EventRow, PageRow, PruneReport, ReferrerRow, Retention,
-    Site, Store, StoreError, VerifyReport,
+    BySource, CountsRaw, DayRow, Drift, EventRow, EventSink, Maintenance, PageRow, PruneReport,
+    ReferrerRow, Retention, SaltStore, Site, SiteStore, StatsReader, StoreError, VerifyReport,
 };
 use crate::core::day::SiteZone;
 use crate::core::filtered::{FilteredCounts, FilteredRow};
@@ -97,6 +102,21 @@ pub(super) fn num_day(n: i64) -> Result<Date, StoreError> {
 /// The UTC day number of an instant.
 pub(super) fn utc_day_num(at: jiff::Timestamp) -> i64 {
     at.as_second().div_euclid(86_400)
+}
+
+/// The event-id key range that holds every event of the local days `from..=to` in any time
+/// zone: event ids are UUIDv7 (time first), and a local day starts at most 26 h before or
+/// after the UTC day of the same date (zone offsets stay within ±26 h). The exact day filter
+/// still applies; the range only lets SQLite walk the primary key instead of every event.
+fn referrer_id_range(from: i64, to: i64) -> ([u8; 16], [u8; 16]) {
+    const DAY_MS: i64 = 86_400_000;
+    const SLACK_MS: i64 = 26 * 3_600_000;
+    let start = from.saturating_mul(DAY_MS).saturating_sub(SLACK_MS);
+    let end = to
+        .saturating_add(1)
+        .saturating_mul(DAY_MS)
+        .saturating_add(SLACK_MS);
+    (id_bound(start.max(0)), id_bound(end.max(0)))
 }
 
 /// How hard SQLite syncs a commit to disk.
@@ -207,12 +227,19 @@ pub struct SqliteStore {
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
+    StoreError::Unavailable(e.to_string())
 }
 
+/// SQLite's busy and locked answers (another connection held the lock past the busy timeout)
+/// are retryable conflicts: the statement or transaction did nothing.
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
-        backend(e)
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                StoreError::Conflict(e.to_string())
+            }
+            _ => backend(e),
+        }
     }
 }
 
@@ -312,7 +339,7 @@ impl SqliteStore {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl EventSink for SqliteStore {
     async fn commit(&self, records: Vec<Record>) -> Result<Vec<Outcome>, StoreError> {
         if records.is_empty() {
             return Ok(Vec::new());
@@ -326,6 +353,45 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn add_filtered(&self, rows: &[FilteredRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<(String, i64, i64, i64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.site.as_str().to_owned(),
+                    day_num(r.day),
+                    i64::from(r.reason.code()),
+                    i64::try_from(r.count).unwrap_or(i64::MAX),
+                )
+            })
+            .collect();
+        self.write(move |w| {
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut ids = Resolver::new(&tx, &w.ids, 0);
+            for (site, day, reason, count) in &rows {
+                let site = ids.site(site)?;
+                tx.prepare_cached(
+                    "INSERT INTO filtered (site, day, reason, count) VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT (site, day, reason) DO UPDATE SET count = count + excluded.count",
+                )?
+                .execute(params![site, day, reason, count])?;
+            }
+            let pending = ids.into_pending();
+            tx.commit()?;
+            w.ids.absorb(pending);
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl StatsReader for SqliteStore {
     async fn counts(
         &self,
         site: &SiteId,
@@ -341,6 +407,74 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn series(&self, site: &SiteId, from: Date, to: Date) -> Result<Vec<DayRow>, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_series(conn, &site, from, to))
+            .await
+    }
+
+    async fn range_totals(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+    ) -> Result<BySource, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_range_totals(conn, &site, from, to))
+            .await
+    }
+
+    async fn top_pages(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_top_pages(conn, &site, from, to, limit))
+            .await
+    }
+
+    async fn top_referrers(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        limit: u32,
+    ) -> Result<Vec<ReferrerRow>, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        let ids = referrer_id_range(from, to);
+        self.read(move |conn| read_top_referrers(conn, &site, (from, to), ids, limit))
+            .await
+    }
+
+    async fn top_events(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_top_events(conn, &site, from, to, limit))
+            .await
+    }
+
+    async fn filtered(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+    ) -> Result<FilteredCounts, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        self.read(move |conn| read_filtered(conn, &site, from, to))
+            .await
+    }
+}
+
+#[async_trait]
+impl SiteStore for SqliteStore {
     async fn list_sites(&self) -> Result<Vec<Site>, StoreError> {
         self.read(|conn| query_sites(conn, None)).await
     }
@@ -409,146 +543,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn salt_for(&self, day: Date, fresh: [u8; 32]) -> Result<[u8; 32], StoreError> {
-        let key = day_num(day);
-        self.write(move |w| {
-            let tx = w
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.execute(
-                "INSERT OR IGNORE INTO salts (day, salt) VALUES (?1, ?2)",
-                params![key, &fresh[..]],
-            )?;
-            let forgotten = tx.execute("DELETE FROM salts WHERE day < ?1", [key - 2])?;
-            let salt: Vec<u8> =
-                tx.query_row("SELECT salt FROM salts WHERE day = ?1", [key], |r| r.get(0))?;
-            tx.commit()?;
-            if forgotten > 0 {
-                checkpoint_truncate(&w.conn);
-            }
-            salt.try_into()
-                .map_err(|_| StoreError::Invalid("salt is not 32 bytes".into()))
-        })
-        .await
-    }
-
-    async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError> {
-        self.write(move |w| {
-            let report = verify_counters(&mut w.conn, repair)?;
-            if report.repaired {
-                w.seen.clear();
-                w.ids.clear();
-            }
-            Ok(report)
-        })
-        .await
-    }
-
-    async fn series(&self, site: &SiteId, from: Date, to: Date) -> Result<Vec<DayRow>, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_series(conn, &site, from, to))
-            .await
-    }
-
-    async fn range_totals(
-        &self,
-        site: &SiteId,
-        from: Date,
-        to: Date,
-    ) -> Result<BySource, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_range_totals(conn, &site, from, to))
-            .await
-    }
-
-    async fn top_pages(
-        &self,
-        site: &SiteId,
-        from: Date,
-        to: Date,
-        limit: u32,
-    ) -> Result<Vec<PageRow>, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_top_pages(conn, &site, from, to, limit))
-            .await
-    }
-
-    async fn top_referrers(
-        &self,
-        site: &SiteId,
-        from: Date,
-        to: Date,
-        (start, end): (jiff::Timestamp, jiff::Timestamp),
-        limit: u32,
-    ) -> Result<Vec<ReferrerRow>, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        let ids = (
-            id_bound(start.as_millisecond()),
-            id_bound(end.as_millisecond()),
-        );
-        self.read(move |conn| read_top_referrers(conn, &site, (from, to), ids, limit))
-            .await
-    }
-
-    async fn top_events(
-        &self,
-        site: &SiteId,
-        from: Date,
-        to: Date,
-        limit: u32,
-    ) -> Result<Vec<EventRow>, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_top_events(conn, &site, from, to, limit))
-            .await
-    }
-
-    async fn add_filtered(&self, rows: &[FilteredRow]) -> Result<(), StoreError> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let rows: Vec<(String, i64, i64, i64)> = rows
-            .iter()
-            .map(|r| {
-                (
-                    r.site.as_str().to_owned(),
-                    day_num(r.day),
-                    i64::from(r.reason.code()),
-                    i64::try_from(r.count).unwrap_or(i64::MAX),
-                )
-            })
-            .collect();
-        self.write(move |w| {
-            let tx = w
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut ids = Resolver::new(&tx, &w.ids, 0);
-            for (site, day, reason, count) in &rows {
-                let site = ids.site(site)?;
-                tx.prepare_cached(
-                    "INSERT INTO filtered (site, day, reason, count) VALUES (?1, ?2, ?3, ?4) \
-                     ON CONFLICT (site, day, reason) DO UPDATE SET count = count + excluded.count",
-                )?
-                .execute(params![site, day, reason, count])?;
-            }
-            let pending = ids.into_pending();
-            tx.commit()?;
-            w.ids.absorb(pending);
-            Ok(())
-        })
-        .await
-    }
-
-    async fn filtered(
-        &self,
-        site: &SiteId,
-        from: Date,
-        to: Date,
-    ) -> Result<FilteredCounts, StoreError> {
-        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_filtered(conn, &site, from, to))
-            .await
-    }
-
     async fn set_base(
         &self,
         site: &SiteId,
@@ -577,6 +571,47 @@ impl Store for SqliteStore {
             tx.commit()?;
             w.ids.absorb(pending);
             Ok(())
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl SaltStore for SqliteStore {
+    async fn salt_for(&self, day: Date, fresh: [u8; 32]) -> Result<[u8; 32], StoreError> {
+        let key = day_num(day);
+        self.write(move |w| {
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT OR IGNORE INTO salts (day, salt) VALUES (?1, ?2)",
+                params![key, &fresh[..]],
+            )?;
+            let forgotten = tx.execute("DELETE FROM salts WHERE day < ?1", [key - 2])?;
+            let salt: Vec<u8> =
+                tx.query_row("SELECT salt FROM salts WHERE day = ?1", [key], |r| r.get(0))?;
+            tx.commit()?;
+            if forgotten > 0 {
+                checkpoint_truncate(&w.conn);
+            }
+            salt.try_into()
+                .map_err(|_| StoreError::Invalid("salt is not 32 bytes".into()))
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Maintenance for SqliteStore {
+    async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError> {
+        self.write(move |w| {
+            let report = verify_counters(&mut w.conn, repair)?;
+            if report.repaired {
+                w.seen.clear();
+                w.ids.clear();
+            }
+            Ok(report)
         })
         .await
     }
@@ -616,5 +651,44 @@ impl Store for SqliteStore {
 pub(super) fn checkpoint_truncate(conn: &Connection) {
     if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
         tracing::warn!(error = %e, "WAL checkpoint after deleting salts failed; retried hourly");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write lock held by another connection is a retryable conflict, not an outage; other
+    /// failures are not retryable.
+    #[test]
+    fn busy_is_a_retryable_conflict() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.sqlite");
+        let mut holder = Connection::open(&path).expect("open");
+        holder
+            .pragma_update(None, "journal_mode", "WAL")
+            .expect("wal");
+        let tx = holder
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("lock");
+        let mut other = Connection::open(&path).expect("open");
+        other
+            .busy_timeout(std::time::Duration::ZERO)
+            .expect("timeout");
+        let err = other
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map(|_| ())
+            .expect_err("the write lock is held");
+        let err = StoreError::from(err);
+        assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+        assert!(err.is_retryable());
+        drop(tx);
+        let err = StoreError::from(
+            other
+                .execute("INSERT INTO no_such_table VALUES (1)", [])
+                .expect_err("no table"),
+        );
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(!err.is_retryable());
     }
 }

@@ -6,11 +6,19 @@
 //! is the `reach` prefix) and lookups in lattice order: a page row of the day that exists
 //! already implies all four answers ("not new"), so a repeat view costs one lookup or none
 //! ([`SeenVisitors`]); a visitor already seen on the site today is not new to the site ever.
+//!
+//! Counter rows (`counters`, `event_counters`) are summed in memory and upserted once per key
+//! at the end of the batch, in ascending key order (a `BTreeMap`, never hash-map order): two
+//! writers on one database then take row locks in the same order, which is what keeps
+//! writers on a multi-writer backend from deadlocking each other (the [`EventSink`] contract).
 
 use super::*;
 
-/// Counter increments of one batch: (scope, source, day) → (views, new visitors).
-type Deltas = HashMap<(i64, i64, i64), (i64, i64)>;
+/// Counter increments of one batch: (scope, source, day) → (views, new visitors), in key order.
+type Deltas = std::collections::BTreeMap<(i64, i64, i64), (i64, i64)>;
+
+/// Custom event increments of one batch: (site, name, day) → events, in key order.
+type EventDeltas = std::collections::BTreeMap<(i64, String, i64), i64>;
 
 pub(super) fn commit_batch(
     writer: &mut Writer,
@@ -40,17 +48,14 @@ pub(super) fn commit_batch(
             "SELECT EXISTS (SELECT 1 FROM reach WHERE site = ?1 AND source = ?2 AND visitor = ?3 \
              AND page != ?4)",
         )?;
-        let mut bump_event = tx.prepare_cached(
-            "INSERT INTO event_counters (site, name, day, count) VALUES (?1, ?2, ?3, 1) \
-             ON CONFLICT (site, name, day) DO UPDATE SET count = count + 1",
-        )?;
         let mut insert_ledger =
             tx.prepare_cached("INSERT OR IGNORE INTO import_ledger (event_id) VALUES (?1)")?;
         // The latest event counted without being kept raw (imports of old events).
         let mut not_kept_until: Option<i64> = None;
         // Counters are summed in memory and written once per key at the end of the batch: a
         // batch of hits on few pages touches few counter rows.
-        let mut deltas: Deltas = HashMap::new();
+        let mut deltas = Deltas::new();
+        let mut event_deltas = EventDeltas::new();
         for r in records {
             let day = day_num(r.day);
             if day < 0 {
@@ -105,7 +110,7 @@ pub(super) fn commit_batch(
             outcomes.push(Outcome::Accepted);
             if let Some(name) = name {
                 for d in [day, ALL_TIME] {
-                    bump_event.execute(params![site, name, d])?;
+                    *event_deltas.entry((site, name.to_owned(), d)).or_default() += 1;
                 }
                 continue;
             }
@@ -145,6 +150,13 @@ pub(super) fn commit_batch(
         )?;
         for ((scope, source, day), (views, visitors)) in deltas {
             bump_counter.execute(params![scope, source, day, views, visitors])?;
+        }
+        let mut bump_event = tx.prepare_cached(
+            "INSERT INTO event_counters (site, name, day, count) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (site, name, day) DO UPDATE SET count = count + excluded.count",
+        )?;
+        for ((site, name, day), count) in event_deltas {
+            bump_event.execute(params![site, name, day, count])?;
         }
         if let Some(ms) = not_kept_until {
             // Counted without raw events: for `verify`, exactly like raw events pruned.

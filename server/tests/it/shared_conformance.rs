@@ -1,0 +1,286 @@
+//! The shared-state conformance suite: the same checks for every implementation of the live
+//! window, the rate limiter, the repeat gate and the site cache (`tally::shared`).
+//!
+//! Every check is a `fn name(state: &impl SharedHarness)` over one fresh shared state; each
+//! `handle` call is a new handle on that same state (for a network backend: a new client on
+//! the same key prefix, like a second collector), so the checks prove that handles share.
+//! `shared_backends!` (at the end) runs every check against every implementation listed
+//! there (in-process now; Redis joins here). Time is passed in, never slept.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use tally::core::classify::{Lane, LiveEntry};
+use tally::core::day::SiteZone;
+use tally::core::ids::{PagePath, SiteId};
+use tally::core::net::ClientNet;
+use tally::limits::{LimitConfig, Refusal};
+use tally::shared::{LiveState, RateLimiter, RepeatGate, SiteCache};
+use tally::store::Site;
+
+/// The settings every check's fresh state is made with.
+pub const LIVE_WINDOW_SECS: u32 = 60;
+pub const DIRECT_REPEAT_MS: i64 = 30_000;
+pub const PROXY_REPEAT_MS: i64 = 1_000;
+pub const LIMITS: LimitConfig = LimitConfig {
+    per_site_per_minute: 3,
+    per_address_per_minute: 5,
+    new_sites_per_hour: 2,
+    proxy_factor: 10,
+};
+
+/// One fresh shared state of an implementation under test.
+pub trait SharedHarness: Send + Sync + 'static {
+    /// A new, empty state with the settings above; its site cache keeps entries `site_ttl`.
+    fn fresh(site_ttl: Duration) -> Self;
+    fn live(&self) -> Arc<dyn LiveState>;
+    fn limiter(&self) -> Arc<dyn RateLimiter>;
+    fn repeats(&self) -> Arc<dyn RepeatGate>;
+    fn sites(&self) -> Arc<dyn SiteCache>;
+}
+
+const T0_MS: i64 = 1_780_000_000_000;
+
+fn site(s: &str) -> SiteId {
+    SiteId::parse(s).expect("site")
+}
+
+fn page(p: &str) -> PagePath {
+    PagePath::parse(p).expect("page")
+}
+
+fn net(s: &str) -> ClientNet {
+    ClientNet::of(s.parse().expect("ip"))
+}
+
+fn at(ms: i64) -> Timestamp {
+    Timestamp::from_millisecond(ms).expect("ts")
+}
+
+fn entry(s: &str, p: Option<&str>, visitor: u64) -> LiveEntry {
+    LiveEntry {
+        site: site(s),
+        page: p.map(page),
+        visitor,
+    }
+}
+
+/// Distinct visitors over every handle, pages apart from the site, custom events (no page)
+/// only on the site; an event leaves the window exactly `window` seconds after its second.
+async fn live_window_is_the_union_of_handles(state: &impl SharedHarness) {
+    let (a, b) = (state.live(), state.live());
+    a.record(&entry("s", Some("/a"), 1), T0_MS).await;
+    b.record(&entry("s", Some("/a"), 1), T0_MS + 10).await;
+    b.record(&entry("s", Some("/b"), 2), T0_MS + 20).await;
+    a.record(&entry("s", None, 3), T0_MS + 30).await;
+    a.record(&entry("other", Some("/a"), 9), T0_MS).await;
+    let now = T0_MS + 500;
+    for h in [&a, &b] {
+        let all = h.read(&site("s"), None, now).await;
+        assert_eq!((all.events, all.visitors), (4, 3));
+        let pa = h.read(&site("s"), Some(&page("/a")), now).await;
+        assert_eq!((pa.events, pa.visitors), (2, 1));
+        let pb = h.read(&site("s"), Some(&page("/b")), now).await;
+        assert_eq!((pb.events, pb.visitors), (1, 1));
+        let none = h.read(&site("s"), Some(&page("/c")), now).await;
+        assert_eq!((none.events, none.visitors), (0, 0));
+    }
+    let window_ms = i64::from(LIVE_WINDOW_SECS) * 1000;
+    // T0 lies on a whole second: every event above was in that second.
+    let last = T0_MS + window_ms - 1;
+    assert_eq!(a.read(&site("s"), None, last).await.events, 4);
+    let gone = a.read(&site("s"), None, T0_MS + window_ms).await;
+    assert_eq!((gone.events, gone.visitors), (0, 0));
+}
+
+/// Quotas charged through one handle are charged for all; a refused request charges nothing;
+/// more than a burst at once is `Never`; other addresses and the proxy lane are apart.
+async fn limits_are_shared_and_all_or_nothing(state: &impl SharedHarness) {
+    let (a, b) = (state.limiter(), state.limiter());
+    let now = at(T0_MS);
+    let me = net("192.0.2.1");
+    let (s1, s2) = (site("s1"), site("s2"));
+    a.admit(Lane::Direct, me, &s1, 2, now)
+        .await
+        .expect("2 of 3");
+    b.admit(Lane::Direct, me, &s1, 1, now)
+        .await
+        .expect("3 of 3");
+    assert!(matches!(
+        a.admit(Lane::Direct, me, &s1, 1, now).await,
+        Err(Refusal::Wait(_))
+    ));
+    // Another site has its own per-site bucket but shares the address bucket (5, 3 used):
+    // 3 more are refused whole, then 2 pass.
+    assert!(b.admit(Lane::Direct, me, &s2, 3, now).await.is_err());
+    b.admit(Lane::Direct, me, &s2, 2, now)
+        .await
+        .expect("2 more");
+    assert!(a.has_room(Lane::Direct, me, now).await.is_err());
+    assert_eq!(
+        a.admit_many(Lane::Direct, net("192.0.2.2"), &[(&s1, 3), (&s2, 3)], now)
+            .await,
+        Err(Refusal::Never { allowance: 5 })
+    );
+    b.has_room(Lane::Direct, net("192.0.2.2"), now)
+        .await
+        .expect("a refused request charged nothing");
+    a.admit(Lane::Proxy, me, &s1, 30, now)
+        .await
+        .expect("the proxy lane is separate and larger");
+    // A minute later the address has its allowance back.
+    let later = at(T0_MS + 60_000);
+    a.admit(Lane::Direct, me, &s1, 3, later)
+        .await
+        .expect("refilled");
+}
+
+/// New sites per address per hour, shared by the handles; an IPv6 /64 is one address.
+async fn new_site_creation_is_limited_per_network(state: &impl SharedHarness) {
+    let (a, b) = (state.limiter(), state.limiter());
+    let now = at(T0_MS);
+    a.admit_new_site(net("2001:db8::1"), now).await.expect("1");
+    b.admit_new_site(net("2001:db8::2"), now).await.expect("2");
+    assert!(
+        a.admit_new_site(net("2001:db8::3"), now).await.is_err(),
+        "same /64, over 2 an hour"
+    );
+    b.admit_new_site(net("2001:db8:0:1::1"), now)
+        .await
+        .expect("another /64");
+}
+
+/// A key counts once per lane interval across handles; lanes are apart; a refused repeat
+/// does not extend the interval.
+async fn repeat_gate_admits_once_per_interval(state: &impl SharedHarness) {
+    let (a, b) = (state.repeats(), state.repeats());
+    assert!(a.admit(Lane::Direct, 7, T0_MS).await);
+    assert!(!b.admit(Lane::Direct, 7, T0_MS + 1).await);
+    assert!(a.admit(Lane::Direct, 8, T0_MS + 1).await, "another key");
+    assert!(b.admit(Lane::Proxy, 7, T0_MS + 2).await, "lanes are apart");
+    assert!(
+        !a.admit(Lane::Proxy, 7, T0_MS + 2 + PROXY_REPEAT_MS - 1)
+            .await
+    );
+    assert!(a.admit(Lane::Proxy, 7, T0_MS + 2 + PROXY_REPEAT_MS).await);
+    assert!(!b.admit(Lane::Direct, 7, T0_MS + DIRECT_REPEAT_MS - 1).await);
+    assert!(
+        b.admit(Lane::Direct, 7, T0_MS + DIRECT_REPEAT_MS).await,
+        "measured from the admission, not from the refused repeats"
+    );
+}
+
+fn a_site(id: &str) -> Site {
+    Site {
+        id: site(id),
+        origins: vec!["https://a.example".into()],
+        zone: SiteZone::parse("Europe/Berlin").expect("zone"),
+        public: false,
+        ingest_key: None,
+    }
+}
+
+/// A site put through one handle is read through another, as are known-absent ids.
+async fn site_cache_shares_sites_and_absences(state: &impl SharedHarness) {
+    let (a, b) = (state.sites(), state.sites());
+    assert!(a.get(&site("blog")).await.is_none(), "nothing cached yet");
+    a.put(&site("blog"), Some(Arc::new(a_site("blog")))).await;
+    b.put(&site("gone"), None).await;
+    let got = b.get(&site("blog")).await.expect("cached").expect("a site");
+    assert_eq!(got.origins, ["https://a.example"]);
+    assert_eq!(got.zone.name(), "Europe/Berlin");
+    assert!(!got.public);
+    assert!(matches!(a.get(&site("gone")).await, Some(None)));
+    // Replaced, not merged.
+    let mut public = a_site("blog");
+    public.public = true;
+    b.put(&site("blog"), Some(Arc::new(public))).await;
+    assert!(a.get(&site("blog")).await.expect("c").expect("s").public);
+}
+
+/// An entry is not served past its time-to-live (here zero: never served from cache).
+async fn site_cache_entries_expire(state: &impl SharedHarness) {
+    let cache = state.sites();
+    cache
+        .put(&site("blog"), Some(Arc::new(a_site("blog"))))
+        .await;
+    assert!(cache.get(&site("blog")).await.is_none());
+}
+
+/// Runs every check against one implementation, each on a fresh state.
+macro_rules! shared_checks {
+    ($harness:ty; $($check:ident: $ttl:expr),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $check() {
+            let state = <$harness as crate::shared_conformance::SharedHarness>::fresh($ttl);
+            crate::shared_conformance::$check(&state).await;
+        }
+    )*};
+}
+
+/// One module per implementation, each running the whole suite. Every check is listed here.
+macro_rules! shared_backends {
+    ($($name:ident => $harness:ty),* $(,)?) => {$(
+        mod $name {
+            const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+            shared_checks!($harness;
+                live_window_is_the_union_of_handles: HOUR,
+                limits_are_shared_and_all_or_nothing: HOUR,
+                new_site_creation_is_limited_per_network: HOUR,
+                repeat_gate_admits_once_per_interval: HOUR,
+                site_cache_shares_sites_and_absences: HOUR,
+                site_cache_entries_expire: std::time::Duration::ZERO,
+            );
+        }
+    )*};
+}
+
+shared_backends! {
+    memory => crate::shared_conformance::in_process::Memory,
+}
+
+/// The in-process implementations: one instance per state, handles are clones of it.
+mod in_process {
+    use super::*;
+    use tally::limits::Limits;
+    use tally::shared::{MemoryLive, MemoryRepeatGate, MemorySiteCache};
+
+    pub struct Memory {
+        live: Arc<MemoryLive>,
+        limits: Arc<Limits>,
+        repeats: Arc<MemoryRepeatGate>,
+        sites: Arc<MemorySiteCache>,
+    }
+
+    impl SharedHarness for Memory {
+        fn fresh(site_ttl: Duration) -> Self {
+            Self {
+                live: Arc::new(MemoryLive::new(LIVE_WINDOW_SECS, 1000, 1000, 10_000)),
+                limits: Arc::new(Limits::new(LIMITS)),
+                repeats: Arc::new(MemoryRepeatGate::new(
+                    DIRECT_REPEAT_MS,
+                    PROXY_REPEAT_MS,
+                    1000,
+                )),
+                sites: Arc::new(MemorySiteCache::new(site_ttl, 1000)),
+            }
+        }
+
+        fn live(&self) -> Arc<dyn LiveState> {
+            Arc::clone(&self.live) as Arc<dyn LiveState>
+        }
+
+        fn limiter(&self) -> Arc<dyn RateLimiter> {
+            Arc::clone(&self.limits) as Arc<dyn RateLimiter>
+        }
+
+        fn repeats(&self) -> Arc<dyn RepeatGate> {
+            Arc::clone(&self.repeats) as Arc<dyn RepeatGate>
+        }
+
+        fn sites(&self) -> Arc<dyn SiteCache> {
+            Arc::clone(&self.sites) as Arc<dyn SiteCache>
+        }
+    }
+}
