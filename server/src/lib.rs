@@ -15,6 +15,7 @@ pub mod ingest;
 pub mod limits;
 pub mod metrics;
 pub mod privacy;
+pub mod redis_state;
 pub mod secrets;
 pub mod serve;
 pub mod shared;
@@ -63,6 +64,12 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     // Before anything starts: a missing or unreadable secret is a clear startup error.
     let secret = secrets::ServerSecret::load(&config.secret)?;
+    // The URL may hold a password: the error never repeats it.
+    if let Some(url) = &config.redis
+        && redis::Client::open(url.expose()).is_err()
+    {
+        anyhow::bail!("--redis is not a valid Redis URL (expected redis://host:port/db)");
+    }
     let metrics = Arc::new(Metrics::new());
     let (ingest, writer) = Ingest::start(Arc::clone(&store), config.ingest, Arc::clone(&metrics));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

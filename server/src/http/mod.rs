@@ -47,9 +47,10 @@ use crate::ingest::Ingest;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::privacy::SourceHasher;
+use crate::redis_state::{RedisLimiter, RedisLink, RedisLive, RedisRepeatGate, RedisSiteCache};
 use crate::secrets::ServerSecret;
 use crate::shared::{
-    LiveState, MemoryLive, MemoryRepeatGate, MemorySiteCache, RateLimiter, RepeatGate,
+    LiveState, MemoryLive, MemoryRepeatGate, MemorySiteCache, RateLimiter, RepeatGate, SiteCache,
 };
 use crate::sites::{MAX_CACHED, SITE_TTL, SiteRegistry};
 use crate::store::Store;
@@ -114,6 +115,8 @@ pub struct AppState {
     pub batch_slots: Arc<tokio::sync::Semaphore>,
     /// Views not counted, by site, day and reason, until the next flush to the store.
     pub filtered: Arc<Mutex<FilterTally>>,
+    /// The Redis of the shared state (`--redis`), for its health in `/metrics` and `/readyz`.
+    pub redis: Option<Arc<RedisLink>>,
 }
 
 impl AppState {
@@ -126,24 +129,71 @@ impl AppState {
         metrics: Arc<Metrics>,
         secret: ServerSecret,
     ) -> Self {
-        let repeat_interval_secs = config.repeat_interval_secs;
-        let limits: Arc<dyn RateLimiter> = Arc::new(Limits::new(config.limits()));
+        let repeat_ms = i64::from(config.repeat_interval_secs) * 1000;
+        let memory_live = || {
+            MemoryLive::new(
+                config.live_window_secs,
+                LIVE_MAX_VISITORS,
+                LIVE_MAX_KEYS,
+                LIVE_MAX_VISITORS_TOTAL,
+            )
+        };
+        let memory_repeats = || MemoryRepeatGate::new(repeat_ms, PROXY_REPEAT_MS, SUPPRESSOR_KEYS);
+        let memory_sites = || MemorySiteCache::new(SITE_TTL, MAX_CACHED);
+        // The URL was checked at startup (`crate::run`); a link opens no connection yet.
+        let redis = config.redis.as_ref().and_then(|url| {
+            RedisLink::new(
+                url.expose(),
+                &config.redis_prefix,
+                secret.derive_key("tally redis keys", b""),
+            )
+            .ok()
+        });
+        type Shared = (
+            Arc<dyn LiveState>,
+            Arc<dyn RateLimiter>,
+            Arc<dyn RepeatGate>,
+            Arc<dyn SiteCache>,
+        );
+        let (live, limits, repeats, site_cache): Shared = match &redis {
+            Some(link) => (
+                Arc::new(RedisLive::new(
+                    Arc::clone(link),
+                    config.live_window_secs,
+                    memory_live(),
+                )),
+                Arc::new(RedisLimiter::new(Arc::clone(link), config.limits())),
+                Arc::new(RedisRepeatGate::new(
+                    Arc::clone(link),
+                    repeat_ms,
+                    PROXY_REPEAT_MS,
+                    memory_repeats(),
+                )),
+                Arc::new(RedisSiteCache::new(
+                    Arc::clone(link),
+                    SITE_TTL,
+                    memory_sites(),
+                )),
+            ),
+            None => (
+                Arc::new(memory_live()),
+                Arc::new(Limits::new(config.limits())),
+                Arc::new(memory_repeats()),
+                Arc::new(memory_sites()),
+            ),
+        };
         Self {
             sites: Arc::new(SiteRegistry::new(
                 Arc::clone(&store) as Arc<dyn crate::store::SiteStore>,
-                Arc::new(MemorySiteCache::new(SITE_TTL, MAX_CACHED)),
+                site_cache,
                 config.auto_sites,
                 config.max_sites,
                 Arc::clone(&limits),
             )),
             hasher: Arc::new(SourceHasher::new(Arc::clone(&store), secret.clone())),
             auth: Arc::new(auth::Auth::new(&config, &secret)),
-            live: Arc::new(MemoryLive::new(
-                config.live_window_secs,
-                LIVE_MAX_VISITORS,
-                LIVE_MAX_KEYS,
-                LIVE_MAX_VISITORS_TOTAL,
-            )),
+            live,
+            redis,
             stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
             batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
             config: Arc::new(config),
@@ -152,11 +202,7 @@ impl AppState {
             bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
             ua_hasher: std::collections::hash_map::RandomState::new(),
             limits,
-            repeats: Arc::new(MemoryRepeatGate::new(
-                i64::from(repeat_interval_secs) * 1000,
-                PROXY_REPEAT_MS,
-                SUPPRESSOR_KEYS,
-            )),
+            repeats,
             store,
             ingest,
             clock,

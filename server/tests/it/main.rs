@@ -20,6 +20,7 @@ mod metrics;
 mod migration_fixture;
 mod overload;
 mod privacy;
+mod redis_shared;
 mod shared_conformance;
 mod store_conformance;
 mod store_migration;
