@@ -59,6 +59,13 @@ pub struct ServeArgs {
     /// Bearer token /metrics requires (at least 16 printable ASCII characters); unset, it is open.
     #[arg(long, env = "TALLY_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<Secret>,
+    /// Redis shared by several collectors (redis://host:6379/0): their live window, limits,
+    /// badge/pixel repeat gate and site cache. Unset: all in this process.
+    #[arg(long, env = "TALLY_REDIS", hide_env_values = true)]
+    pub redis: Option<Secret>,
+    /// Prefix of every Redis key (default `tally:`; give each deployment sharing a Redis its own).
+    #[arg(long, env = "TALLY_REDIS_PREFIX")]
+    pub redis_prefix: Option<String>,
     /// File with the server secret mixed into visitor hashes and sessions; created (mode 0600)
     /// on first start. Default: tally.secret beside the database.
     #[arg(long, env = "TALLY_SECRET_FILE")]
@@ -149,6 +156,10 @@ pub struct ServeConfig {
     pub session_lifetime: Duration,
     /// The bearer token `/metrics` requires, if any.
     pub metrics_token: Option<Secret>,
+    /// The Redis URL of the shared state, if any (it may hold a password: a `Secret`).
+    pub redis: Option<Secret>,
+    /// Prefix of every Redis key.
+    pub redis_prefix: String,
     /// Where the server secret comes from.
     pub secret: SecretSource,
     /// Proxies whose forwarding header is believed (empty: the peer is the client).
@@ -185,6 +196,8 @@ impl std::fmt::Debug for ServeConfig {
             .field("admin_token", &self.admin_token)
             .field("session_lifetime", &self.session_lifetime)
             .field("metrics_token", &self.metrics_token)
+            .field("redis", &self.redis)
+            .field("redis_prefix", &self.redis_prefix)
             .field("secret", &self.secret)
             .field("trusted_proxies", &self.trusted_proxies)
             .field("proxy_header", &self.proxy_header)
@@ -451,6 +464,11 @@ impl ServeConfig {
             admin_token,
             session_lifetime: Duration::from_secs(u64::from(session_hours) * 3600),
             metrics_token,
+            redis: args.redis.or(f.redis).filter(|u| !u.is_empty()),
+            redis_prefix: args
+                .redis_prefix
+                .or(f.redis_prefix)
+                .unwrap_or_else(|| "tally:".to_owned()),
             secret,
             trusted_proxies,
             proxy_header: args.proxy_header.or(f.proxy_header).unwrap_or_default(),

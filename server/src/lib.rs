@@ -15,6 +15,7 @@ pub mod ingest;
 pub mod limits;
 pub mod metrics;
 pub mod privacy;
+pub mod redis_state;
 pub mod secrets;
 pub mod serve;
 pub mod shared;
@@ -77,7 +78,21 @@ pub async fn run(
         stop_rx,
     ));
     let server = config.server;
-    let shared = shared::SharedState::in_process(&config);
+    let shared = match &config.redis {
+        Some(url) => {
+            // The URL may hold a password: the error never repeats it.
+            let link = redis_state::RedisLink::new(
+                url.expose(),
+                &config.redis_prefix,
+                secret.derive_key("tally redis keys", b""),
+            )
+            .map_err(|_| {
+                anyhow::anyhow!("--redis is not a valid Redis URL (expected redis://host:port/db)")
+            })?;
+            shared::SharedState::on_redis(&config, link)
+        }
+        None => shared::SharedState::in_process(&config),
+    };
     let state = AppState::new(
         Arc::clone(&store),
         ingest,

@@ -53,6 +53,11 @@ pub struct Metrics {
     pub disk_free_bytes: Gauge<i64, AtomicI64>,
     /// 1 when the storage probe passes (file present, disk above its floor), else 0.
     pub storage_up: Gauge<i64, AtomicI64>,
+    /// With `--redis`: 1 while Redis does not answer and the shared state falls back to this
+    /// process (0 when it answers, and without `--redis`).
+    pub redis_fallback_active: Gauge<i64, AtomicI64>,
+    /// With `--redis`: operations answered by the in-process fallback.
+    pub redis_fallbacks: Counter,
     /// HTTP connections being served now (refused ones not included).
     pub connections_open: Gauge,
     /// Connections answered 503 `too_many_connections` at the connection cap.
@@ -179,6 +184,18 @@ impl Metrics {
             "1 when the storage probe passes (database file present, disk above the floor)",
             storage_up.clone(),
         );
+        let redis_fallback_active = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "redis_fallback_active",
+            "1 while Redis (--redis) does not answer and live numbers, limits, repeat gate and site cache fall back to this process",
+            redis_fallback_active.clone(),
+        );
+        let redis_fallbacks = Counter::default();
+        registry.register(
+            "redis_fallbacks",
+            "With --redis: operations answered by the in-process fallback because Redis failed",
+            redis_fallbacks.clone(),
+        );
         let connections_open = Gauge::default();
         registry.register(
             "connections_open",
@@ -219,6 +236,8 @@ impl Metrics {
             registry,
             disk_free_bytes,
             storage_up,
+            redis_fallback_active,
+            redis_fallbacks,
             hits,
             filtered,
             refused,

@@ -60,26 +60,62 @@ pub struct SharedState {
     pub limits: Arc<dyn RateLimiter>,
     pub repeats: Arc<dyn RepeatGate>,
     pub sites: Arc<dyn SiteCache>,
+    /// The Redis behind them, when shared (`--redis`): its health goes to `/metrics` and
+    /// `/readyz`.
+    pub redis: Option<Arc<crate::redis_state::RedisLink>>,
 }
 
 impl SharedState {
     /// This process's own state, as configured (one collector).
     pub fn in_process(config: &ServeConfig) -> Self {
+        let (live, repeats, sites) = Self::in_process_parts(config);
         Self {
-            live: Arc::new(MemoryLive::new(
+            live: Arc::new(live),
+            limits: Arc::new(Limits::new(config.limits())),
+            repeats: Arc::new(repeats),
+            sites: Arc::new(sites),
+            redis: None,
+        }
+    }
+
+    /// State shared through Redis by every collector on `link`; each part keeps this
+    /// process's own state beside it for when Redis does not answer.
+    pub fn on_redis(config: &ServeConfig, link: Arc<crate::redis_state::RedisLink>) -> Self {
+        use crate::redis_state::{RedisLimiter, RedisLive, RedisRepeatGate, RedisSiteCache};
+        let own = Self::in_process_parts(config);
+        Self {
+            live: Arc::new(RedisLive::new(
+                Arc::clone(&link),
+                config.live_window_secs,
+                own.0,
+            )),
+            limits: Arc::new(RedisLimiter::new(Arc::clone(&link), config.limits())),
+            repeats: Arc::new(RedisRepeatGate::new(
+                Arc::clone(&link),
+                i64::from(config.repeat_interval_secs) * 1000,
+                PROXY_REPEAT_MS,
+                own.1,
+            )),
+            sites: Arc::new(RedisSiteCache::new(Arc::clone(&link), SITE_TTL, own.2)),
+            redis: Some(link),
+        }
+    }
+
+    fn in_process_parts(config: &ServeConfig) -> (MemoryLive, MemoryRepeatGate, MemorySiteCache) {
+        (
+            MemoryLive::new(
                 config.live_window_secs,
                 LIVE_MAX_VISITORS,
                 LIVE_MAX_KEYS,
                 LIVE_MAX_VISITORS_TOTAL,
-            )),
-            limits: Arc::new(Limits::new(config.limits())),
-            repeats: Arc::new(MemoryRepeatGate::new(
+            ),
+            MemoryRepeatGate::new(
                 i64::from(config.repeat_interval_secs) * 1000,
                 PROXY_REPEAT_MS,
                 REPEAT_KEYS,
-            )),
-            sites: Arc::new(MemorySiteCache::new(SITE_TTL, MAX_CACHED)),
-        }
+            ),
+            MemorySiteCache::new(SITE_TTL, MAX_CACHED),
+        )
     }
 }
 

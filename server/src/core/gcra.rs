@@ -68,6 +68,12 @@ impl Quota {
         self.burst
     }
 
+    /// Microseconds between two cells at the sustained rate (a shared limiter runs the same
+    /// arithmetic elsewhere, e.g. in a Redis script).
+    pub fn interval_us(&self) -> i64 {
+        self.interval_us
+    }
+
     /// Whether `n` cells fit at `now_us` for a key whose TAT is `tat_us` (`None`: a new key).
     pub fn check(&self, tat_us: Option<i64>, n: u32, now_us: i64) -> Verdict {
         if n > self.burst {

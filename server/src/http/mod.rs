@@ -56,6 +56,7 @@ use crate::core::net::ClientNet;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::privacy::SourceHasher;
+use crate::redis_state::RedisLink;
 use crate::secrets::ServerSecret;
 use crate::shared::{LiveState, RateLimiter, RepeatGate, SharedState};
 use crate::sites::SiteRegistry;
@@ -107,6 +108,8 @@ pub struct AppState {
     pub batch_slots: Arc<tokio::sync::Semaphore>,
     /// Views not counted, by site, day and reason, until the next flush to the store.
     pub filtered: Arc<Mutex<FilterTally>>,
+    /// The Redis of the shared state (`--redis`), for its health in `/metrics` and `/readyz`.
+    pub redis: Option<Arc<RedisLink>>,
 }
 
 impl AppState {
@@ -125,6 +128,7 @@ impl AppState {
             limits,
             repeats,
             sites,
+            redis,
         } = shared;
         Self {
             sites: Arc::new(SiteRegistry::new(
@@ -137,6 +141,7 @@ impl AppState {
             hasher: Arc::new(SourceHasher::new(store.clone(), secret.clone())),
             auth: Arc::new(auth::Auth::new(&config, &secret)),
             live,
+            redis,
             stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
             batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
             config: Arc::new(config),

@@ -56,7 +56,17 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let room = state.ingest.depth() < state.config.ingest.capacity;
     let probe = state.store.probe().await;
     state.metrics.storage_up.set(i64::from(probe.is_ok()));
+    // Redis is never a reason to refuse hits: only a detail of "ready".
+    let redis_down = match &state.redis {
+        Some(link) => !link.ping().await,
+        None => false,
+    };
     match (probe, room) {
+        (Ok(()), true) if redis_down => (
+            StatusCode::OK,
+            "ready (redis unavailable: live numbers, limits, repeat gate and site cache are this collector's own until it answers)\n"
+                .to_owned(),
+        ),
         (Ok(()), true) => (StatusCode::OK, "ready\n".to_owned()),
         (Ok(()), false) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -124,6 +134,17 @@ async fn metrics(
         return Ok(r);
     }
     state.metrics.queue_depth.set(state.ingest.depth() as i64);
+    if let Some(link) = &state.redis {
+        let health = &link.health;
+        state
+            .metrics
+            .redis_fallback_active
+            .set(i64::from(!health.is_up()));
+        let (seen, counted) = (health.fallbacks(), state.metrics.redis_fallbacks.get());
+        if seen > counted {
+            state.metrics.redis_fallbacks.inc_by(seen - counted);
+        }
+    }
     if let Some(free) = state.store.free_bytes() {
         state
             .metrics

@@ -21,6 +21,7 @@ mod migration_fixture;
 mod openapi;
 mod overload;
 mod privacy;
+mod redis_shared;
 mod shared_conformance;
 mod store_conformance;
 mod store_migration;

@@ -34,6 +34,11 @@ pub const LIMITS: LimitConfig = LimitConfig {
 pub trait SharedHarness: Send + Sync + 'static {
     /// A new, empty state with the settings above; its site cache keeps entries `site_ttl`.
     fn fresh(site_ttl: Duration) -> Self;
+    /// Whether the backend can be tested here (a network backend needs its URL in the
+    /// environment; without it its checks say so loudly and pass nothing).
+    fn available() -> bool {
+        true
+    }
     fn live(&self) -> Arc<dyn LiveState>;
     fn limiter(&self) -> Arc<dyn RateLimiter>;
     fn repeats(&self) -> Arc<dyn RepeatGate>;
@@ -213,6 +218,9 @@ macro_rules! shared_checks {
     ($harness:ty; $($check:ident: $ttl:expr),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $check() {
+            if !<$harness as crate::shared_conformance::SharedHarness>::available() {
+                return;
+            }
             let state = <$harness as crate::shared_conformance::SharedHarness>::fresh($ttl);
             crate::shared_conformance::$check(&state).await;
         }
@@ -238,6 +246,104 @@ macro_rules! shared_backends {
 
 shared_backends! {
     memory => crate::shared_conformance::in_process::Memory,
+    redis => crate::shared_conformance::on_redis::Redis,
+}
+
+/// The Redis implementations (`TALLY_TEST_REDIS`, e.g. redis://127.0.0.1:6379): every state is
+/// a fresh key prefix, every handle a new link (a new connection, as a second collector would
+/// have) on it; the prefix's keys are deleted when the state is dropped.
+mod on_redis {
+    use super::*;
+    use tally::redis_state::{RedisLimiter, RedisLink, RedisLive, RedisRepeatGate, RedisSiteCache};
+    use tally::shared::{MemoryLive, MemoryRepeatGate, MemorySiteCache};
+
+    pub struct Redis {
+        url: String,
+        prefix: String,
+        site_ttl: Duration,
+    }
+
+    /// The Redis URL of the test environment, if set.
+    pub fn url() -> Option<String> {
+        let url = std::env::var("TALLY_TEST_REDIS")
+            .ok()
+            .filter(|u| !u.is_empty());
+        if url.is_none() {
+            eprintln!(
+                "SKIPPED: the Redis shared-state checks need TALLY_TEST_REDIS \
+                 (e.g. redis://127.0.0.1:6379); .ci/run sets it"
+            );
+        }
+        url
+    }
+
+    impl Redis {
+        fn link(&self) -> Arc<RedisLink> {
+            RedisLink::new(&self.url, &self.prefix, [7; 32]).expect("redis url")
+        }
+    }
+
+    impl SharedHarness for Redis {
+        fn available() -> bool {
+            url().is_some()
+        }
+
+        fn fresh(site_ttl: Duration) -> Self {
+            Self {
+                url: url().expect("checked by available()"),
+                prefix: format!("tally-test:{}:", uuid::Uuid::new_v4().simple()),
+                site_ttl,
+            }
+        }
+
+        fn live(&self) -> Arc<dyn LiveState> {
+            Arc::new(RedisLive::new(
+                self.link(),
+                LIVE_WINDOW_SECS,
+                MemoryLive::new(LIVE_WINDOW_SECS, 1000, 1000, 10_000),
+            ))
+        }
+
+        fn limiter(&self) -> Arc<dyn RateLimiter> {
+            Arc::new(RedisLimiter::new(self.link(), LIMITS))
+        }
+
+        fn repeats(&self) -> Arc<dyn RepeatGate> {
+            Arc::new(RedisRepeatGate::new(
+                self.link(),
+                DIRECT_REPEAT_MS,
+                PROXY_REPEAT_MS,
+                MemoryRepeatGate::new(DIRECT_REPEAT_MS, PROXY_REPEAT_MS, 1000),
+            ))
+        }
+
+        fn sites(&self) -> Arc<dyn SiteCache> {
+            Arc::new(RedisSiteCache::new(
+                self.link(),
+                self.site_ttl,
+                MemorySiteCache::new(self.site_ttl, 1000),
+            ))
+        }
+    }
+
+    impl Drop for Redis {
+        fn drop(&mut self) {
+            // Synchronous: no runtime is guaranteed here.
+            let Ok(client) = ::redis::Client::open(self.url.as_str()) else {
+                return;
+            };
+            let Ok(mut conn) = client.get_connection() else {
+                return;
+            };
+            let keys: Vec<String> = ::redis::cmd("KEYS")
+                .arg(format!("{}*", self.prefix))
+                .query(&mut conn)
+                .unwrap_or_default();
+            if !keys.is_empty() {
+                let _: ::redis::RedisResult<u64> = ::redis::cmd("DEL").arg(&keys).query(&mut conn);
+            }
+        }
+    }
 }
 
 /// The in-process implementations: one instance per state, handles are clones of it.

@@ -1,0 +1,149 @@
+//! Several collectors sharing one Redis (`--redis`): the live window is the union, the
+//! per-address limits are charged once for all; and a Redis that does not answer never costs a
+//! hit. Real `tally serve` processes; the shared-Redis test needs `TALLY_TEST_REDIS`.
+
+use serde_json::{Value, json};
+
+use crate::support::{Binary, client, event_id_at};
+
+fn hit(visitor: &str) -> Value {
+    json!({"site": "shared", "type": "pageview", "event_id": event_id_at(jiff::Timestamp::now()),
+           "visitor_id": visitor, "url": "https://shared.example/a", "referrer": null})
+}
+
+async fn post(http: &reqwest::Client, server: &Binary, body: &Value) -> reqwest::Response {
+    http.post(server.url("/api/v1/hit"))
+        .header("content-type", "text/plain")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request")
+}
+
+async fn live(http: &reqwest::Client, server: &Binary) -> Value {
+    let v: Value = http
+        .get(server.url("/api/v1/counts?site=shared&page=/a"))
+        .send()
+        .await
+        .expect("counts")
+        .json()
+        .await
+        .expect("json");
+    v["live"].clone()
+}
+
+const V1: &str = "0b6f5f8e-7d0e-4a55-9d5e-6c1b8f0a1e01";
+const V2: &str = "0b6f5f8e-7d0e-4a55-9d5e-6c1b8f0a1e02";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_collectors_share_the_live_window_and_the_limits_through_redis() {
+    let Some(url) = std::env::var("TALLY_TEST_REDIS")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        eprintln!("SKIPPED: set TALLY_TEST_REDIS (e.g. redis://127.0.0.1:6379); .ci/run sets it");
+        return;
+    };
+    let prefix = format!("tally-test:{}:", uuid::Uuid::new_v4().simple());
+    let dir = tempfile::tempdir().expect("dir");
+    let args = [
+        "--auto-sites",
+        "--redis",
+        &url,
+        "--redis-prefix",
+        &prefix,
+        "--rate-limit-per-minute",
+        "4",
+    ];
+    // One database (and so one server secret) for both, like two collectors of one deployment.
+    let a = Binary::start_in(dir.path(), &args).await;
+    let b = Binary::start_in(dir.path(), &args).await;
+    let http = client();
+    let r: Value = post(&http, &a, &hit(V1)).await.json().await.expect("json");
+    assert_eq!(r["status"], "accepted");
+    let r: Value = post(&http, &b, &hit(V2)).await.json().await.expect("json");
+    assert_eq!(r["status"], "accepted");
+    for server in [&a, &b] {
+        let live = live(&http, server).await;
+        assert_eq!(live["visitors"], 2, "the union of both collectors: {live}");
+        assert_eq!(live["events"], 2, "{live}");
+    }
+    // 4 a minute per address and site, over both collectors: 2 used, 2 more, then 429.
+    assert_eq!(post(&http, &a, &hit(V1)).await.status(), 200);
+    assert_eq!(post(&http, &b, &hit(V2)).await.status(), 200);
+    assert_eq!(post(&http, &a, &hit(V1)).await.status(), 429);
+    assert_eq!(post(&http, &b, &hit(V2)).await.status(), 429);
+    a.stop().await;
+    b.stop().await;
+    // Clean up this test's keys.
+    let client = ::redis::Client::open(url.as_str()).expect("url");
+    let mut conn = client.get_connection().expect("redis");
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut conn)
+        .expect("keys");
+    assert!(
+        !keys.is_empty(),
+        "the collectors kept their shared state in Redis"
+    );
+    let _: u64 = ::redis::cmd("DEL")
+        .arg(&keys)
+        .query(&mut conn)
+        .expect("del");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_does_not_answer_never_costs_a_hit() {
+    // Port 1 on loopback: nothing listens, every connection is refused.
+    let server = Binary::start(&["--auto-sites", "--redis", "redis://127.0.0.1:1/"]).await;
+    let http = client();
+    for visitor in [V1, V2] {
+        let r: Value = post(&http, &server, &hit(visitor))
+            .await
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(r["status"], "accepted");
+    }
+    let live = live(&http, &server).await;
+    assert_eq!(
+        live["visitors"], 2,
+        "this collector's own live window: {live}"
+    );
+    let ready = http
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(
+        ready.status(),
+        200,
+        "Redis is never a reason to refuse hits"
+    );
+    assert!(
+        ready
+            .text()
+            .await
+            .expect("text")
+            .contains("redis unavailable")
+    );
+    let metrics = http
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("tally_redis_fallback_active 1"),
+        "{metrics}"
+    );
+    let fallbacks = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tally_redis_fallbacks_total "))
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .expect("fallback counter");
+    assert!(fallbacks >= 1.0);
+    server.stop().await;
+}
