@@ -19,6 +19,7 @@
 //! - New distinct pages per site and local day are bounded by the backend's page cap; pages
 //!   beyond it are counted under the site's one page [`OTHER_PAGE`].
 //! - A backend's errors become [`StoreError`]; its text is logged, never sent to clients.
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;
