@@ -1017,19 +1017,19 @@ mod sqlite_v2 {
 /// Every check above on PostgreSQL (`TALLY_TEST_POSTGRES=postgres://…`), each test in a fresh
 /// schema dropped at its end. Not here: the disk floor and the lost file (a database server
 /// owns its disk and files; `free_bytes` is `None`).
-mod postgres {
+pub(crate) mod postgres {
     use super::*;
     use tally::store::postgres::{PgOptions, PgStore};
 
     /// A fresh schema on the test server; dropped (with everything in it) when this is dropped,
     /// also when the test panics.
-    struct Db {
+    pub(crate) struct Db {
         url: String,
         schema: String,
     }
 
     impl Db {
-        fn new() -> Option<Self> {
+        pub(crate) fn new() -> Option<Self> {
             match std::env::var("TALLY_TEST_POSTGRES") {
                 Ok(url) if !url.is_empty() => Some(Self {
                     url,
@@ -1045,6 +1045,13 @@ mod postgres {
             }
         }
 
+        /// The URL of the test schema, for another process (created here if missing).
+        pub(crate) fn url_in_schema(&self) -> String {
+            self.exec(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema));
+            let sep = if self.url.contains('?') { '&' } else { '?' };
+            format!("{}{sep}options=-csearch_path%3D{}", self.url, self.schema)
+        }
+
         async fn open(&self, max_new_pages_per_day: u32) -> Arc<dyn Store> {
             let options = PgOptions {
                 pool_size: 4,
@@ -1056,7 +1063,7 @@ mod postgres {
 
         /// Run `sql` in the test schema through a separate connection, from a thread of its
         /// own (tamper closures are synchronous); returns the rows changed.
-        fn exec(&self, sql: &str) -> u64 {
+        pub(crate) fn exec(&self, sql: &str) -> u64 {
             let (url, schema, sql) = (self.url.clone(), self.schema.clone(), sql.to_owned());
             std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
