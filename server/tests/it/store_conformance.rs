@@ -778,6 +778,65 @@ async fn filtered_tallies_add_up_per_site_day_and_reason(store: Arc<dyn Store>) 
     assert_eq!(none.total(), 0);
 }
 
+/// The daily series (whole site, by source, days without views absent) and the top referring
+/// hosts (page views only, within the range's instants, ranked then by host, limited).
+async fn series_and_top_referrers(store: Arc<dyn Store>) {
+    let (d1, d2, d3) = (date(2026, 4, 1), date(2026, 4, 2), date(2026, 4, 3));
+    let from = |r: Record, referrer: &str| Record {
+        referrer: Some(referrer.to_owned()),
+        ..r
+    };
+    let badge = |r: Record| Record {
+        source: Source::Badge,
+        ..r
+    };
+    let event = Record {
+        kind: HitKind::Event {
+            name: EventName::parse("signup").expect("name"),
+            dedupe: None,
+        },
+        ..from(view(9, 1, "/", d1), "https://ignored.example/")
+    };
+    store
+        .commit(vec![
+            from(view(1, 1, "/a", d1), "https://news.example/x?y=1"),
+            from(view(2, 2, "/b", d1), "https://news.example/"),
+            from(view(3, 3, "/a", d1), "https://blog.example"),
+            badge(view(4, 1, "/a", d1)),
+            from(view(5, 1, "/a", d3), "https://late.example/"),
+            event,
+        ])
+        .await
+        .expect("commit");
+    let series = store.series(&site_s(), d1, d3).await.expect("series");
+    let got: Vec<_> = series
+        .iter()
+        .map(|r| {
+            (
+                r.day,
+                r.numbers.web.views,
+                r.numbers.web.visitors,
+                r.numbers.badge.views,
+            )
+        })
+        .collect();
+    assert_eq!(got, [(d1, 3, 3, 1), (d3, 1, 1, 0)], "{series:?}");
+    assert!(store.series(&site_s(), d2, d2).await.expect("s").is_empty());
+    let zone = SiteZone::utc();
+    let top = store
+        .top_referrers(&site_s(), d1, d2, zone.span(d1, d2), 10)
+        .await
+        .expect("referrers");
+    let got: Vec<_> = top.iter().map(|r| (r.host.as_str(), r.views)).collect();
+    assert_eq!(got, [("news.example", 2), ("blog.example", 1)]);
+    let top = store
+        .top_referrers(&site_s(), d1, d3, zone.span(d1, d3), 1)
+        .await
+        .expect("referrers");
+    assert_eq!(top.len(), 1);
+    assert_eq!(top[0].host, "news.example");
+}
+
 mod sqlite_v2 {
     use super::*;
     use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
@@ -791,6 +850,12 @@ mod sqlite_v2 {
 
     fn open_at(path: &std::path::Path, options: StoreOptions) -> Arc<dyn Store> {
         Arc::new(SqliteStore::open(path, options).expect("open"))
+    }
+
+    #[tokio::test]
+    async fn series_and_top_referrers() {
+        let dir = tempfile::tempdir().expect("dir");
+        super::series_and_top_referrers(open_at(&dir.path().join("t.sqlite"), options())).await;
     }
 
     #[tokio::test]
@@ -1139,6 +1204,7 @@ pub(crate) mod postgres {
     pg_test!(ingest_key_is_kept_by_put_site);
     pg_test!(top_pages_rank_by_the_larger_source_and_limit);
     pg_test!(range_visitors_are_exact_at_100k);
+    pg_test!(series_and_top_referrers);
 
     #[tokio::test]
     async fn page_cap_counts_new_pages_beyond_it_under_other() {

@@ -355,10 +355,11 @@ pub(super) async fn top_referrers(
     };
     let stmt = client
         .prepare_cached(
-            "SELECT split_part(substr(referrer, strpos(referrer, '://') + 3), '/', 1) AS host, \
-                    COUNT(*) AS n FROM events \
-             WHERE site = $1 AND event_id >= $5 AND event_id < $6 AND kind = 0 \
-               AND referrer IS NOT NULL AND day BETWEEN $2 AND $3 \
+            "SELECT host, COUNT(*) AS n FROM ( \
+                 SELECT split_part(substr(referrer, strpos(referrer, '://') + 3), '/', 1) AS host \
+                 FROM events \
+                 WHERE site = $1 AND event_id >= $5 AND event_id < $6 AND kind = 0 \
+                   AND referrer IS NOT NULL AND day BETWEEN $2 AND $3) r \
              GROUP BY host ORDER BY n DESC, host COLLATE \"C\" LIMIT $4",
         )
         .await?;
