@@ -1,5 +1,6 @@
-//! The store conformance suite: the same checks for every backend. A backend is added by one
-//! line in `backends!` (SQLite now; PostgreSQL joins here).
+//! The store conformance suite: the same checks for every backend. Each check is an `async fn`
+//! taking an `Arc<dyn Store>`; `mod sqlite`/`sqlite_v2` run them on SQLite files and
+//! `mod postgres` on PostgreSQL (`TALLY_TEST_POSTGRES`, a fresh schema per test).
 
 use std::sync::Arc;
 
