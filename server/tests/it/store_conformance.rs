@@ -1309,6 +1309,40 @@ pub(crate) mod postgres {
         }
     }
 
+    /// Eight collectors starting at once on an empty schema: the migrations run once (the
+    /// advisory lock), every store opens; a database newer than this tally is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn migrations_run_once_and_refuse_a_newer_schema() {
+        let Some(db) = Db::new() else { return };
+        let opens: Vec<_> = (0..8)
+            .map(|_| {
+                let (url, schema) = (db.url.clone(), db.schema.clone());
+                tokio::spawn(async move {
+                    let options = PgOptions {
+                        pool_size: 1,
+                        schema: Some(schema),
+                        ..PgOptions::default()
+                    };
+                    PgStore::open(&url, options).await.map(|_| ())
+                })
+            })
+            .collect();
+        for open in opens {
+            open.await.expect("join").expect("open");
+        }
+        assert_eq!(db.exec("SELECT version FROM schema_version"), 1);
+        db.exec("INSERT INTO schema_version (version) VALUES (99)");
+        let options = PgOptions {
+            schema: Some(db.schema.clone()),
+            ..PgOptions::default()
+        };
+        match PgStore::open(&db.url, options).await {
+            Err(StoreError::Invalid(why)) => assert!(why.contains("99"), "{why}"),
+            Err(other) => panic!("expected Invalid, got {other:?}"),
+            Ok(_) => panic!("a newer schema must be refused"),
+        }
+    }
+
     /// A repair while two stores keep committing: no batch is lost or counted twice.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn repair_while_collectors_commit() {

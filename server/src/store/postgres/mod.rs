@@ -206,11 +206,9 @@ impl PgStore {
                     "schema name {schema:?}: use lower-case letters, digits and _"
                 )));
             }
-            let (client, connection) = config.connect(NoTls).await?;
+            let (mut client, connection) = config.connect(NoTls).await?;
             let task = tokio::spawn(connection);
-            client
-                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
-                .await?;
+            schema::create_schema(&mut client, schema).await?;
             drop(client);
             let _ = task.await;
             config.options(format!("-c search_path={schema}"));

@@ -85,6 +85,19 @@ CREATE TABLE salts (day INTEGER PRIMARY KEY, salt BYTEA NOT NULL);
 CREATE TABLE meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
 "];
 
+/// Create schema `name` unless it exists, under the migration lock (two `CREATE SCHEMA IF NOT
+/// EXISTS` at once can both find it missing, and one then fails). `name` is checked by the
+/// caller (lower-case letters, digits, `_`).
+pub(super) async fn create_schema(client: &mut Client, name: &str) -> Result<(), StoreError> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {name}"))
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// Apply the missing migrations (see the module doc).
 pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     let run = async {
