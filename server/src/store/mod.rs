@@ -118,6 +118,26 @@ impl Site {
     }
 }
 
+/// Stored (signed) views and visitors as [`Numbers`]; negative values (never written) read as 0.
+pub(crate) fn numbers(views: i64, visitors: i64) -> Numbers {
+    Numbers {
+        views: views.max(0) as u64,
+        visitors: visitors.max(0) as u64,
+    }
+}
+
+/// Add a counter row's numbers to its source: badge rows to `badge`, every other source (web,
+/// and SQLite's imported daily aggregates, which add like bases) to `web`.
+pub(crate) fn set_source(target: &mut BySource, source: i64, n: Numbers) {
+    let target = if source == crate::core::record::Source::Badge.code() {
+        &mut target.badge
+    } else {
+        &mut target.web
+    };
+    target.views += n.views;
+    target.visitors += n.visitors;
+}
+
 /// Numbers of one scope, kept apart by source (see [`crate::core::record::Source`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BySource {

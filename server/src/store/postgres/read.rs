@@ -10,24 +10,12 @@ use crate::core::day::SiteZone;
 use crate::core::filtered::{FilteredCounts, Reason};
 use crate::core::ids::SiteId;
 use crate::core::record::Source;
-use crate::store::{BySource, CountsRaw, DayRow, EventRow, PageRow, ReferrerRow, Site, StoreError};
+use crate::store::{
+    BySource, CountsRaw, DayRow, EventRow, PageRow, ReferrerRow, Site, StoreError, numbers,
+};
 
-fn numbers(views: i64, visitors: i64) -> Numbers {
-    Numbers {
-        views: views.max(0) as u64,
-        visitors: visitors.max(0) as u64,
-    }
-}
-
-/// Add a counter row's numbers to its source (anything but badge is web, as in SQLite).
 fn set_source(target: &mut BySource, source: i16, n: Numbers) {
-    let target = if i64::from(source) == Source::Badge.code() {
-        &mut target.badge
-    } else {
-        &mut target.web
-    };
-    target.views += n.views;
-    target.visitors += n.visitors;
+    crate::store::set_source(target, i64::from(source), n);
 }
 
 /// Day numbers of a query range, never reaching the all-time rows.
