@@ -461,3 +461,57 @@ pub(super) fn id_bound(ms: i64) -> uuid::Uuid {
     bound[..6].copy_from_slice(&u64::try_from(ms).unwrap_or(0).to_be_bytes()[2..]);
     uuid::Uuid::from_bytes(bound)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lost races are retried (whole attempts), up to [`ATTEMPTS`]; other errors are not.
+    #[tokio::test(start_paused = true)]
+    async fn retry_repeats_lost_races_only_and_gives_up() {
+        let mut calls = 0;
+        let out = retry("t", || {
+            calls += 1;
+            let n = calls;
+            async move {
+                if n < 3 {
+                    Err(Fail::Conflict("40P01".into()))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(out.expect("third attempt wins"), 3);
+
+        let mut calls = 0;
+        let out: Result<(), _> = retry("t", || {
+            calls += 1;
+            async { Err(Fail::Conflict("40001".into())) }
+        })
+        .await;
+        assert_eq!(calls, ATTEMPTS);
+        assert!(matches!(out, Err(StoreError::Backend(why)) if why.contains("40001")));
+
+        let mut calls = 0;
+        let out: Result<(), _> = retry("t", || {
+            calls += 1;
+            async { Err(Fail::Store(StoreError::Invalid("bad".into()))) }
+        })
+        .await;
+        assert_eq!(calls, 1, "not a race: no retry");
+        assert!(matches!(out, Err(StoreError::Invalid(_))));
+    }
+
+    #[test]
+    fn urls_and_schema_names() {
+        assert!(is_postgres_url("postgres://u@h/db"));
+        assert!(is_postgres_url("postgresql://u@h/db"));
+        assert!(!is_postgres_url("/var/lib/tally/tally.sqlite"));
+        assert!(!is_postgres_url("tally.sqlite"));
+        assert!(valid_schema("tally_test_01"));
+        for bad in ["", "1abc", "Tally", "a;drop", "a b", &"x".repeat(64)] {
+            assert!(!valid_schema(bad), "{bad:?}");
+        }
+    }
+}

@@ -53,10 +53,11 @@ CREATE TABLE event_keys (
     site BIGINT NOT NULL, name TEXT NOT NULL, dedupe TEXT NOT NULL, event_id UUID NOT NULL,
     PRIMARY KEY (site, name, dedupe)
 );
--- Per-day visitor sets of every scope.
+-- Per-day visitor sets of every scope; keyed scope first, so the distinct visitors of one
+-- page over a range are one index range (pruning by day uses `visits_day`).
 CREATE TABLE visits (
     site BIGINT NOT NULL, day INTEGER NOT NULL, scope BIGINT NOT NULL, source SMALLINT NOT NULL,
-    visitor BYTEA NOT NULL, PRIMARY KEY (site, day, scope, source, visitor)
+    visitor BYTEA NOT NULL, PRIMARY KEY (site, scope, source, day, visitor)
 );
 CREATE INDEX visits_day ON visits (day);
 -- All-time visitor sets: page = a page scope for the page's set, = the whole-site scope for
