@@ -19,6 +19,9 @@
 //! - New distinct pages per site and local day are bounded by the backend's page cap; pages
 //!   beyond it are counted under the site's one page [`OTHER_PAGE`].
 //! - A backend's errors become [`StoreError`]; its text is logged, never sent to clients.
+//!
+//! Backends: [`sqlite`] (the default, one file) and [`postgres`] (several collectors on one
+//! database; `--db postgres://…`).
 pub mod postgres;
 pub mod sqlite;
 
