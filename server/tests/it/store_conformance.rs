@@ -1102,7 +1102,10 @@ pub(crate) mod postgres {
                     schema: format!("tally_test_{}", uuid::Uuid::new_v4().simple()),
                 }),
                 _ => {
-                    eprintln!(
+                    // Straight to the stream, past the test harness's capture: loud in any run.
+                    use std::io::Write as _;
+                    let _ = writeln!(
+                        std::io::stderr(),
                         "SKIPPED: set TALLY_TEST_POSTGRES=postgres://user@host:port/db to run \
                          the PostgreSQL store tests"
                     );
