@@ -111,6 +111,9 @@ pub struct ServeArgs {
     /// New distinct pages a site may gain per day; the rest count as `(other)` (0 = no limit).
     #[arg(long, env = "TALLY_MAX_NEW_PAGES_PER_DAY")]
     pub max_new_pages_per_day: Option<u32>,
+    /// Connections to PostgreSQL per collector (with `--db postgres://…`; default 16).
+    #[arg(long, env = "TALLY_DB_POOL")]
+    pub db_pool: Option<usize>,
     /// Days per-day visitor sets are kept (0 = forever).
     #[arg(long, env = "TALLY_VISITOR_DAYS")]
     pub visitor_days: Option<u32>,
@@ -144,7 +147,9 @@ pub struct ServeArgs {
 #[derive(Clone)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
-    pub db: PathBuf,
+    pub db: Database,
+    /// Connections to PostgreSQL (ignored for SQLite).
+    pub db_pool: usize,
     pub auto_sites: bool,
     pub sync: SyncMode,
     pub ingest: IngestConfig,
@@ -188,6 +193,7 @@ impl std::fmt::Debug for ServeConfig {
         f.debug_struct("ServeConfig")
             .field("listen", &self.listen)
             .field("db", &self.db)
+            .field("db_pool", &self.db_pool)
             .field("auto_sites", &self.auto_sites)
             .field("sync", &self.sync)
             .field("ingest", &self.ingest)
@@ -239,6 +245,8 @@ pub enum ConfigError {
     /// The file's text is never part of the message: a line may hold a secret.
     #[error("invalid config file {path}: {problem}")]
     Parse { path: PathBuf, problem: String },
+    #[error("db-pool must be at least 1")]
+    DbPool,
     #[error("admin-token {0}")]
     AdminToken(TokenError),
     #[error("metrics-token {0}")]
@@ -261,6 +269,61 @@ pub enum ConfigError {
 
 /// Default database file.
 pub const DEFAULT_DB: &str = "tally.sqlite";
+/// Default connections per collector to PostgreSQL.
+pub const DEFAULT_DB_POOL: usize = 16;
+
+/// Where the counts live: a SQLite file (the default) or a PostgreSQL database. The `--db`
+/// value chooses: `postgres://…` or `postgresql://…` is a PostgreSQL URL, anything else a file.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Database {
+    Sqlite(PathBuf),
+    /// A libpq-style URL; it may hold a password, so it is never printed whole.
+    Postgres(String),
+}
+
+impl Database {
+    /// Classify a `--db` value by its scheme.
+    pub fn from_arg(db: PathBuf) -> Self {
+        match db.to_str() {
+            Some(url) if crate::store::postgres::is_postgres_url(url) => {
+                Database::Postgres(url.to_owned())
+            }
+            _ => Database::Sqlite(db),
+        }
+    }
+
+    /// The SQLite file, if this is one.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        match self {
+            Database::Sqlite(path) => Some(path),
+            Database::Postgres(_) => None,
+        }
+    }
+}
+
+/// The file path, or the URL with its password replaced by `***`.
+impl std::fmt::Display for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Database::Sqlite(path) => write!(f, "{}", path.display()),
+            Database::Postgres(url) => match url::Url::parse(url) {
+                Ok(mut parsed) => {
+                    if parsed.password().is_some() {
+                        let _ = parsed.set_password(Some("***"));
+                    }
+                    write!(f, "{parsed}")
+                }
+                Err(_) => f.write_str("postgres://(unparsable URL)"),
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")
+    }
+}
 /// Script hits one source may send per minute by default: far above what a reader makes
 /// (a page view per click), far below a flood.
 pub const DEFAULT_RATE_LIMIT_PER_MINUTE: u32 = 120;
@@ -433,11 +496,20 @@ impl ServeConfig {
             proxies.extend(["loopback".to_owned(), "private".to_owned()]);
         }
         let trusted_proxies = TrustedProxies::parse(proxies.iter().map(String::as_str))?;
-        let db = db.or(file.db).unwrap_or_else(|| PathBuf::from(DEFAULT_DB));
+        let db = Database::from_arg(db.or(file.db).unwrap_or_else(|| PathBuf::from(DEFAULT_DB)));
+        let db_pool = args.db_pool.or(f.db_pool).unwrap_or(DEFAULT_DB_POOL);
+        if db_pool == 0 {
+            return Err(ConfigError::DbPool);
+        }
         let secret = match (args.secret.or(f.secret), args.secret_file.or(f.secret_file)) {
             (Some(value), _) if !value.is_empty() => SecretSource::Value(value),
             (_, Some(path)) => SecretSource::File(path),
-            _ => SecretSource::beside(&db),
+            // Collectors sharing a PostgreSQL database must share the secret too: give every
+            // one the same `--secret-file` or `TALLY_SECRET` (README, "PostgreSQL").
+            _ => match &db {
+                Database::Sqlite(path) => SecretSource::beside(path),
+                Database::Postgres(_) => SecretSource::File(PathBuf::from("tally.secret")),
+            },
         };
         let default_listen: SocketAddr = DEFAULT_LISTEN
             .parse()
@@ -445,6 +517,7 @@ impl ServeConfig {
         Ok(Self {
             listen: args.listen.or(f.listen).unwrap_or(default_listen),
             db,
+            db_pool,
             auto_sites: args.auto_sites.or(f.auto_sites).unwrap_or(false),
             sync: args.sync.or(f.sync).unwrap_or_default(),
             ingest: IngestConfig {
@@ -611,7 +684,7 @@ mod tests {
             ..ServeArgs::default()
         };
         let c = ServeConfig::resolve(args, None, file).expect("valid");
-        assert_eq!(c.db, PathBuf::from("/data/t.sqlite"));
+        assert_eq!(c.db, Database::Sqlite(PathBuf::from("/data/t.sqlite")));
         assert!(c.auto_sites);
         assert_eq!(c.ingest.max_batch, 128);
         assert_eq!(c.ingest.capacity, IngestConfig::default().capacity);
@@ -624,6 +697,24 @@ mod tests {
         let path = dir.path().join("tally.toml");
         std::fs::write(&path, text).expect("write");
         FileConfig::load(&path).expect_err("invalid").to_string()
+    }
+
+    #[test]
+    fn a_postgres_url_selects_postgres_and_hides_its_password() {
+        let c = ServeConfig::for_db("postgres://tally:hunter2@db.internal:5432/tally");
+        assert!(matches!(c.db, Database::Postgres(_)));
+        assert_eq!(c.db_pool, DEFAULT_DB_POOL);
+        let shown = format!("{} {:?}", c.db, c);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("db.internal"), "{shown}");
+        assert_eq!(c.secret, SecretSource::File(PathBuf::from("tally.secret")));
+        let c = ServeConfig::for_db("/data/postgres://x");
+        assert_eq!(c.db.sqlite_path(), Some(Path::new("/data/postgres://x")));
+        let args = ServeArgs {
+            db_pool: Some(0),
+            ..ServeArgs::default()
+        };
+        assert!(ServeConfig::resolve(args, None, FileConfig::default()).is_err());
     }
 
     #[test]

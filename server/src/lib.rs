@@ -28,29 +28,51 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-use crate::config::ServeConfig;
+use crate::config::{Database, ServeConfig};
 use crate::core::clock::Clock;
 use crate::core::filtered::FilterTally;
 use crate::http::AppState;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
+use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::{SqliteStore, StoreOptions};
 use crate::store::{EventSink, Maintenance, Retention, Store};
 
-/// Open the configured SQLite store.
-pub fn open_store(config: &ServeConfig) -> anyhow::Result<Arc<dyn Store>> {
-    Ok(Arc::new(open_sqlite(config)?))
+/// Open the configured store: the SQLite file, or the PostgreSQL database of a
+/// `postgres://` URL (see [`Database`]).
+pub async fn open_store(config: &ServeConfig) -> anyhow::Result<Arc<dyn Store>> {
+    match &config.db {
+        Database::Sqlite(_) => Ok(Arc::new(open_sqlite(config)?)),
+        Database::Postgres(url) => {
+            let options = PgOptions {
+                pool_size: config.db_pool,
+                max_new_pages_per_day: config.max_new_pages_per_day,
+                schema: None,
+            };
+            let store = PgStore::open(url, options)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot open database {}: {e}", config.db))?;
+            Ok(Arc::new(store))
+        }
+    }
 }
 
 /// Open the configured SQLite store as itself (import, export and backup use its own API).
 pub fn open_sqlite(config: &ServeConfig) -> anyhow::Result<SqliteStore> {
+    let Some(path) = config.db.sqlite_path() else {
+        anyhow::bail!(
+            "this command works on a SQLite database file; {} is PostgreSQL (use pg_dump and \
+             psql for backups and bulk data there)",
+            config.db
+        );
+    };
     let options = StoreOptions {
         sync: config.sync,
         min_free_bytes: config.min_free_bytes,
         max_new_pages_per_day: config.max_new_pages_per_day,
     };
-    SqliteStore::open(&config.db, options)
-        .map_err(|e| anyhow::anyhow!("cannot open database {}: {e}", config.db.display()))
+    SqliteStore::open(path, options)
+        .map_err(|e| anyhow::anyhow!("cannot open database {}: {e}", path.display()))
 }
 
 /// Serve the collector on `listener` until `shutdown` resolves, then stop taking requests,

@@ -18,7 +18,8 @@ use tally::store::Site;
     about = "Self-hosted visit counter and web analytics collector"
 )]
 struct Cli {
-    /// SQLite database file.
+    /// SQLite database file, or a PostgreSQL URL (`postgres://user@host:5432/db`): the scheme
+    /// chooses. `import`, `export` and `backup` need a SQLite file.
     #[arg(long, global = true, env = "TALLY_DB")]
     db: Option<PathBuf>,
     /// Optional TOML config file (keys as the long flags: listen, auto-sites, db, ...).
@@ -156,11 +157,21 @@ fn main() -> anyhow::Result<()> {
     let config = ServeConfig::resolve(args, cli.db.clone(), file)?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
+        // Serving, sites and verify work on either backend; the rest is SQLite's own API.
+        match cli.command {
+            Command::Serve(_) => {
+                let store = tally::open_store(&config).await?;
+                return serve(config, store).await;
+            }
+            Command::Site(cmd) => return site(cmd, tally::open_store(&config).await?.as_ref()).await,
+            Command::Verify { repair } => {
+                return verify(tally::open_store(&config).await?.as_ref(), repair).await;
+            }
+            _ => {}
+        }
         let sqlite = tally::open_sqlite(&config)?;
         match cli.command {
-            Command::Serve(_) => serve(config, Arc::new(sqlite)).await,
-            Command::Site(cmd) => site(cmd, &sqlite).await,
-            Command::Verify { repair } => verify(&sqlite, repair).await,
+            Command::Serve(_) | Command::Site(_) | Command::Verify { .. } => Ok(()),
             Command::Import {
                 format,
                 site,
@@ -243,7 +254,7 @@ async fn serve(config: ServeConfig, store: Arc<dyn tally::store::Store>) -> anyh
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(db = %config.db.display(), auto_sites = config.auto_sites, "starting");
+    tracing::info!(db = %config.db, auto_sites = config.auto_sites, "starting");
     if config.metrics_token.is_none() && !addr.ip().is_loopback() {
         tracing::warn!(
             "/metrics is open to anyone who can reach this address: set --metrics-token, or \

@@ -30,6 +30,10 @@
 //!   range) is its own business.
 //! - A backend's errors become a typed [`StoreError`]; its text is logged, never sent to
 //!   clients.
+//!
+//! Backends: [`sqlite`] (the default, one file) and [`postgres`] (several collectors on one
+//! database; `--db postgres://…`).
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -147,6 +151,26 @@ impl Site {
             .iter()
             .any(|o| o == "*" || o.eq_ignore_ascii_case(origin))
     }
+}
+
+/// Stored (signed) views and visitors as [`Numbers`]; negative values (never written) read as 0.
+pub(crate) fn numbers(views: i64, visitors: i64) -> Numbers {
+    Numbers {
+        views: views.max(0) as u64,
+        visitors: visitors.max(0) as u64,
+    }
+}
+
+/// Add a counter row's numbers to its source: badge rows to `badge`, every other source (web,
+/// and SQLite's imported daily aggregates, which add like bases) to `web`.
+pub(crate) fn set_source(target: &mut BySource, source: i64, n: Numbers) {
+    let target = if source == crate::core::record::Source::Badge.code() {
+        &mut target.badge
+    } else {
+        &mut target.web
+    };
+    target.views += n.views;
+    target.visitors += n.visitors;
 }
 
 /// One counter that differs from its recount.

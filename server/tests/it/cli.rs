@@ -339,3 +339,61 @@ async fn an_unusable_shm_file_is_a_clear_startup_error_not_a_crash() {
         .env("TALLY_SECRET", "s".repeat(40));
     refused_at_startup(&mut cmd, "t.sqlite-shm").await;
 }
+
+/// `--db postgres://…` selects PostgreSQL for `serve`, `site` and `verify`; the SQLite-only
+/// commands say so instead of creating a file named like the URL.
+#[tokio::test]
+async fn serve_site_and_verify_on_postgres() {
+    let Some(db) = crate::store_conformance::postgres::Db::new() else {
+        return;
+    };
+    let url = db.url_in_schema();
+    let with_db = |args: &[&str]| {
+        let mut cmd = tally();
+        cmd.arg("--db").arg(&url).args(args);
+        cmd
+    };
+    let (ok, text) = run(&mut with_db(&[
+        "site",
+        "add",
+        "blog",
+        "--origin",
+        "https://blog.example",
+    ]))
+    .await;
+    assert!(ok, "{text}");
+    let mut cmd = with_db(&["serve", "--listen", "127.0.0.1:0", "--db-pool", "3"]);
+    cmd.env(
+        "TALLY_SECRET",
+        "a-test-secret-that-is-long-enough-0123456789",
+    );
+    let (mut child, base) = serve(cmd).await;
+    let id = event_id_at(jiff::Timestamp::now());
+    for expected in ["accepted", "duplicate"] {
+        let r = client()
+            .post(format!("{base}/api/v1/hit"))
+            .header("content-type", "text/plain")
+            .body(pageview(&id, None, "/a").to_string())
+            .send()
+            .await
+            .expect("hit");
+        assert_eq!(r.json::<Value>().await.expect("json")["status"], expected);
+    }
+    let ready = client()
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 200);
+    child.start_kill().expect("kill");
+    let _ = child.wait().await;
+    assert_eq!(
+        db.exec("SELECT 1 FROM events"),
+        1,
+        "the hit is in PostgreSQL, once"
+    );
+    let (ok, text) = run(&mut with_db(&["verify"])).await;
+    assert!(ok && text.contains(", 0 drifted"), "{text}");
+    let (ok, text) = run(&mut with_db(&["backup", "/nonexistent/x.sqlite"])).await;
+    assert!(!ok && text.contains("pg_dump"), "{text}");
+}

@@ -83,7 +83,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     let db = dir.path().join("tally.sqlite");
     let mut config = ServeConfig::for_db(&db);
     (options.configure)(&mut config);
-    let store = tally::open_store(&config).expect("store");
+    let store = tally::open_store(&config).await.expect("store");
     store
         .put_site(&Site {
             id: SiteId::parse("blog").expect("id"),

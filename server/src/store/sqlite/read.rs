@@ -113,24 +113,7 @@ pub(super) fn insert_site(conn: &Connection, site: &Site) -> Result<(), StoreErr
     Ok(())
 }
 
-pub(super) fn numbers(views: i64, visitors: i64) -> Numbers {
-    Numbers {
-        views: views.max(0) as u64,
-        visitors: visitors.max(0) as u64,
-    }
-}
-
-/// Add a counter row's numbers to its source; imported daily aggregates
-/// ([`IMPORTED_SOURCE`]) add to the web numbers, as bases add to the totals.
-pub(super) fn set_source(target: &mut BySource, source: i64, n: Numbers) {
-    let target = if source == Source::Badge.code() {
-        &mut target.badge
-    } else {
-        &mut target.web
-    };
-    target.views += n.views;
-    target.visitors += n.visitors;
-}
+pub(super) use crate::store::{numbers, set_source};
 
 /// Day numbers of a query range, never reaching the all-time rows.
 fn clamp(from: i64, to: i64) -> (i64, i64) {

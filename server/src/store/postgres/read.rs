@@ -1,0 +1,431 @@
+//! Queries (counts, sites, series, range totals, top pages, referrers, events, views not
+//! counted), each limited inside the database as in SQLite: top pages ranked and cut by SQL,
+//! exact distinct visitors counted only for the rows returned.
+
+use tally_wire::Numbers;
+use uuid::Uuid;
+
+use super::{ALL_TIME, Fail, PgStore, num_day};
+use crate::core::day::SiteZone;
+use crate::core::filtered::{FilteredCounts, Reason};
+use crate::core::ids::SiteId;
+use crate::core::record::Source;
+use crate::store::{
+    BySource, CountsRaw, DayRow, EventRow, PageRow, ReferrerRow, Site, StoreError, numbers,
+};
+
+fn set_source(target: &mut BySource, source: i16, n: Numbers) {
+    crate::store::set_source(target, i64::from(source), n);
+}
+
+/// Day numbers of a query range, never reaching the all-time rows.
+fn clamp(from: i32, to: i32) -> (i32, i32) {
+    (from.max(0), to)
+}
+
+/// The site's id and whole-site scope, if the site was ever counted.
+async fn site_scope(
+    client: &deadpool_postgres::Client,
+    site: &str,
+) -> Result<Option<(i64, i64)>, Fail> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT k.id, p.id FROM site_keys k JOIN pages p ON p.site = k.id AND p.path = '' \
+             WHERE k.name = $1",
+        )
+        .await?;
+    Ok(client
+        .query_opt(&stmt, &[&site])
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
+pub(super) async fn counts(
+    store: &PgStore,
+    site: &str,
+    page: &str,
+    today: i32,
+) -> Result<CountsRaw, StoreError> {
+    let client = store.client().await?;
+    let mut raw = CountsRaw::default();
+    let Some((site_id, _)) = site_scope(&client, site).await? else {
+        return Ok(raw);
+    };
+    let stmt = client
+        .prepare_cached(
+            "SELECT p.path, c.source, c.day, c.views, c.visitors \
+             FROM pages p JOIN counters c ON c.site = p.site AND c.scope = p.id \
+                  AND c.day IN (-1, $3) \
+             WHERE p.site = $1 AND p.path IN ('', $2)",
+        )
+        .await?;
+    for row in client.query(&stmt, &[&site_id, &page, &today]).await? {
+        let path: &str = row.get(0);
+        let day: i32 = row.get(2);
+        let n = numbers(row.get(3), row.get(4));
+        let scope = match (path.is_empty(), day == ALL_TIME) {
+            (true, true) => &mut raw.site_all,
+            (true, false) => &mut raw.site_today,
+            (false, true) => &mut raw.page_all,
+            (false, false) => &mut raw.page_today,
+        };
+        set_source(scope, row.get(1), n);
+    }
+    let stmt = client
+        .prepare_cached(
+            "SELECT p.path, b.views, b.visitors FROM pages p \
+             JOIN bases b ON b.site = p.site AND b.scope = p.id \
+             WHERE p.site = $1 AND p.path IN ('', $2)",
+        )
+        .await?;
+    for row in client.query(&stmt, &[&site_id, &page]).await? {
+        let path: &str = row.get(0);
+        let n = numbers(row.get(1), row.get(2));
+        if path.is_empty() {
+            raw.site_base = n;
+        } else {
+            raw.page_base = n;
+        }
+    }
+    Ok(raw)
+}
+
+fn site_from_row(row: &tokio_postgres::Row) -> Result<Site, StoreError> {
+    let id: String = row.get(0);
+    let origins: String = row.get(1);
+    let tz: String = row.get(2);
+    Ok(Site {
+        id: SiteId::parse(&id).map_err(|e| StoreError::Invalid(format!("site {id:?}: {e}")))?,
+        origins: serde_json::from_str(&origins)
+            .map_err(|e| StoreError::Invalid(format!("origins of {id:?}: {e}")))?,
+        zone: SiteZone::parse(&tz).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        public: row.get(3),
+        ingest_key: row.get(4),
+    })
+}
+
+const SITE_COLUMNS: &str = "id, origins, timezone, public, ingest_key";
+
+pub(super) async fn sites(store: &PgStore, id: Option<&str>) -> Result<Vec<Site>, StoreError> {
+    let client = store.client().await?;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT {SITE_COLUMNS} FROM sites WHERE $1::text IS NULL OR id = $1 ORDER BY id"
+            ),
+            &[&id],
+        )
+        .await?;
+    rows.iter().map(site_from_row).collect()
+}
+
+fn origins_json(site: &Site) -> Result<String, StoreError> {
+    serde_json::to_string(&site.origins).map_err(|e| StoreError::Invalid(e.to_string()))
+}
+
+pub(super) async fn put_site(store: &PgStore, site: &Site) -> Result<(), StoreError> {
+    let client = store.client().await?;
+    client
+        .execute(
+            "INSERT INTO sites (id, origins, timezone, public, ingest_key) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO UPDATE SET \
+             origins = excluded.origins, timezone = excluded.timezone, public = excluded.public, \
+             ingest_key = COALESCE(excluded.ingest_key, sites.ingest_key)",
+            &[
+                &site.id.as_str(),
+                &origins_json(site)?,
+                &site.zone.name(),
+                &site.public,
+                &site.ingest_key,
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Create a site unless it exists, under `max_sites`: the count and the insert happen under a
+/// transaction-scoped advisory lock, so concurrent callers (and collectors) see each other.
+pub(super) async fn ensure_site(
+    store: &PgStore,
+    site: &Site,
+    max_sites: u64,
+) -> Result<Option<Site>, StoreError> {
+    let origins = origins_json(site)?;
+    let max = i64::try_from(max_sites).unwrap_or(i64::MAX);
+    super::retry("ensure_site", || async {
+        let mut client = store.client().await?;
+        let tx = client.transaction().await?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('tally.sites'), hashtext(current_schema()))",
+            &[],
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO sites (id, origins, timezone, public, ingest_key) \
+             SELECT $1, $2, $3, $4, $5 \
+             WHERE $6::int8 = 0 OR (SELECT COUNT(*) FROM sites) < $6::int8 \
+             ON CONFLICT (id) DO NOTHING",
+            &[
+                &site.id.as_str(),
+                &origins,
+                &site.zone.name(),
+                &site.public,
+                &site.ingest_key,
+                &max,
+            ],
+        )
+        .await?;
+        let stored = tx
+            .query_opt(
+                &format!("SELECT {SITE_COLUMNS} FROM sites WHERE id = $1"),
+                &[&site.id.as_str()],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(stored.as_ref().map(site_from_row).transpose()?)
+    })
+    .await
+}
+
+pub(super) async fn series(
+    store: &PgStore,
+    site: &str,
+    from: i32,
+    to: i32,
+) -> Result<Vec<DayRow>, StoreError> {
+    let client = store.client().await?;
+    let Some((site_id, scope)) = site_scope(&client, site).await? else {
+        return Ok(Vec::new());
+    };
+    let (from, to) = clamp(from, to);
+    let stmt = client
+        .prepare_cached(
+            "SELECT day, source, views, visitors FROM counters \
+             WHERE site = $1 AND scope = $2 AND day BETWEEN $3 AND $4 ORDER BY day, source",
+        )
+        .await?;
+    let mut out: Vec<DayRow> = Vec::new();
+    for row in client.query(&stmt, &[&site_id, &scope, &from, &to]).await? {
+        let day = num_day(row.get(0))?;
+        if out.last().is_none_or(|last| last.day != day) {
+            out.push(DayRow {
+                day,
+                numbers: BySource::default(),
+            });
+        }
+        if let Some(last) = out.last_mut() {
+            set_source(
+                &mut last.numbers,
+                row.get(1),
+                numbers(row.get(2), row.get(3)),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Exact distinct visitors of one scope and source over the days `from..=to`.
+async fn distinct_visitors(
+    client: &deadpool_postgres::Client,
+    (site, scope, source): (i64, i64, i16),
+    from: i32,
+    to: i32,
+) -> Result<u64, Fail> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT COUNT(DISTINCT visitor) FROM visits \
+             WHERE site = $1 AND day BETWEEN $3 AND $4 AND scope = $2 AND source = $5",
+        )
+        .await?;
+    let n: i64 = client
+        .query_one(&stmt, &[&site, &scope, &from, &to, &source])
+        .await?
+        .get(0);
+    Ok(n.max(0) as u64)
+}
+
+pub(super) async fn range_totals(
+    store: &PgStore,
+    site: &str,
+    from: i32,
+    to: i32,
+) -> Result<BySource, StoreError> {
+    let client = store.client().await?;
+    let mut out = BySource::default();
+    let Some((site_id, scope)) = site_scope(&client, site).await? else {
+        return Ok(out);
+    };
+    let (from, to) = clamp(from, to);
+    let stmt = client
+        .prepare_cached(
+            "SELECT source, SUM(views)::int8 FROM counters \
+             WHERE site = $1 AND scope = $2 AND day BETWEEN $3 AND $4 GROUP BY source",
+        )
+        .await?;
+    for row in client.query(&stmt, &[&site_id, &scope, &from, &to]).await? {
+        let source: i16 = row.get(0);
+        let visitors = distinct_visitors(&client, (site_id, scope, source), from, to).await?;
+        set_source(
+            &mut out,
+            source,
+            Numbers {
+                views: row.get::<_, i64>(1).max(0) as u64,
+                visitors,
+            },
+        );
+    }
+    Ok(out)
+}
+
+pub(super) async fn top_pages(
+    store: &PgStore,
+    site: &str,
+    from: i32,
+    to: i32,
+    limit: u32,
+) -> Result<Vec<PageRow>, StoreError> {
+    let client = store.client().await?;
+    let Some((site_id, _)) = site_scope(&client, site).await? else {
+        return Ok(Vec::new());
+    };
+    let (from, to) = clamp(from, to);
+    let stmt = client
+        .prepare_cached(
+            "SELECT p.id, p.path, \
+                    SUM(CASE WHEN c.source = 1 THEN 0 ELSE c.views END)::int8 AS web, \
+                    SUM(CASE WHEN c.source = 1 THEN c.views ELSE 0 END)::int8 AS badge \
+             FROM pages p JOIN counters c ON c.site = p.site AND c.scope = p.id \
+                  AND c.day BETWEEN $2 AND $3 \
+             WHERE p.site = $1 AND p.path != '' \
+             GROUP BY p.id, p.path \
+             ORDER BY GREATEST(SUM(CASE WHEN c.source = 1 THEN 0 ELSE c.views END), \
+                               SUM(CASE WHEN c.source = 1 THEN c.views ELSE 0 END)) DESC, \
+                      p.path COLLATE \"C\" \
+             LIMIT $4",
+        )
+        .await?;
+    let ranked = client
+        .query(&stmt, &[&site_id, &from, &to, &i64::from(limit)])
+        .await?;
+    let mut pages = Vec::with_capacity(ranked.len());
+    for row in ranked {
+        let scope: i64 = row.get(0);
+        let mut numbers = BySource::default();
+        for (source, views, target) in [
+            (Source::Web, row.get::<_, i64>(2), &mut numbers.web),
+            (Source::Badge, row.get::<_, i64>(3), &mut numbers.badge),
+        ] {
+            if views > 0 {
+                target.views = views as u64;
+                target.visitors =
+                    distinct_visitors(&client, (site_id, scope, source.code() as i16), from, to)
+                        .await?;
+            }
+        }
+        pages.push(PageRow {
+            page: row.get(1),
+            numbers,
+        });
+    }
+    Ok(pages)
+}
+
+pub(super) async fn top_referrers(
+    store: &PgStore,
+    site: &str,
+    (from, to): (i32, i32),
+    (lo, hi): (Uuid, Uuid),
+    limit: u32,
+) -> Result<Vec<ReferrerRow>, StoreError> {
+    let client = store.client().await?;
+    let Some((site_id, _)) = site_scope(&client, site).await? else {
+        return Ok(Vec::new());
+    };
+    let stmt = client
+        .prepare_cached(
+            "SELECT host, COUNT(*) AS n FROM ( \
+                 SELECT split_part(substr(referrer, strpos(referrer, '://') + 3), '/', 1) AS host \
+                 FROM events \
+                 WHERE site = $1 AND event_id >= $5 AND event_id < $6 AND kind = 0 \
+                   AND referrer IS NOT NULL AND day BETWEEN $2 AND $3) r \
+             GROUP BY host ORDER BY n DESC, host COLLATE \"C\" LIMIT $4",
+        )
+        .await?;
+    let rows = client
+        .query(&stmt, &[&site_id, &from, &to, &i64::from(limit), &lo, &hi])
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ReferrerRow {
+            host: r.get(0),
+            views: r.get::<_, i64>(1).max(0) as u64,
+        })
+        .collect())
+}
+
+pub(super) async fn top_events(
+    store: &PgStore,
+    site: &str,
+    from: i32,
+    to: i32,
+    limit: u32,
+) -> Result<Vec<EventRow>, StoreError> {
+    let client = store.client().await?;
+    let Some((site_id, _)) = site_scope(&client, site).await? else {
+        return Ok(Vec::new());
+    };
+    let (from, to) = clamp(from, to);
+    let stmt = client
+        .prepare_cached(
+            "WITH top AS (SELECT name, SUM(count)::int8 AS n FROM event_counters \
+                          WHERE site = $1 AND day BETWEEN $2 AND $3 \
+                          GROUP BY name ORDER BY n DESC, name COLLATE \"C\" LIMIT $4) \
+             SELECT t.name, t.n, c.day, c.count FROM top t \
+             JOIN event_counters c ON c.site = $1 AND c.name = t.name AND c.day BETWEEN $2 AND $3 \
+             ORDER BY t.n DESC, t.name COLLATE \"C\", c.day",
+        )
+        .await?;
+    let mut out: Vec<EventRow> = Vec::new();
+    for row in client
+        .query(&stmt, &[&site_id, &from, &to, &i64::from(limit)])
+        .await?
+    {
+        let name: String = row.get(0);
+        let day = num_day(row.get(2))?;
+        let count = u64::try_from(row.get::<_, i64>(3)).unwrap_or(0);
+        if out.last().is_none_or(|last| last.name != name) {
+            out.push(EventRow {
+                name,
+                count: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
+                days: Vec::new(),
+            });
+        }
+        if let Some(last) = out.last_mut() {
+            last.days.push((day, count));
+        }
+    }
+    Ok(out)
+}
+
+pub(super) async fn filtered(
+    store: &PgStore,
+    site: &str,
+    from: i32,
+    to: i32,
+) -> Result<FilteredCounts, StoreError> {
+    let client = store.client().await?;
+    let (from, to) = clamp(from, to);
+    let stmt = client
+        .prepare_cached(
+            "SELECT f.reason, SUM(f.count)::int8 FROM filtered f JOIN site_keys k ON k.id = f.site \
+             WHERE k.name = $1 AND f.day BETWEEN $2 AND $3 GROUP BY f.reason",
+        )
+        .await?;
+    let mut out = FilteredCounts::default();
+    for row in client.query(&stmt, &[&site, &from, &to]).await? {
+        if let Some(reason) = Reason::from_code(i64::from(row.get::<_, i16>(0))) {
+            out.add(reason, u64::try_from(row.get::<_, i64>(1)).unwrap_or(0));
+        }
+    }
+    Ok(out)
+}

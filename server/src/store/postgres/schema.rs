@@ -1,0 +1,135 @@
+//! The PostgreSQL schema as embedded, versioned migrations.
+//!
+//! Contract: [`migrate`] brings the database (the connection's `search_path` schema) to the
+//! last version in [`MIGRATIONS`] or changes nothing: every missing migration runs in ONE
+//! transaction under `pg_advisory_xact_lock`, so N collectors starting at once apply each
+//! migration exactly once; `schema_version` records what ran. A newer database is refused.
+//!
+//! Shape (ready for time partitioning and for distribution by site):
+//! - every unique key of a table that grows with traffic starts with the site id, so Citus can
+//!   distribute by `site` with every conflict check on one node;
+//! - `events` is keyed by `(site, event_id)`: the UUIDv7 event id sorts by time, so the table
+//!   can be range-partitioned by month on `event_id` with the primary key intact; the keyed
+//!   custom-event dedupe lives in its own table (`event_keys`) because a unique key on a
+//!   partitioned table must contain the partition key;
+//! - days are integers (days since 1970-01-01, -1 for all-time rows), as in the SQLite schema;
+//! - `sites`, `site_keys` and `salts` are small (reference tables under Citus).
+
+use tokio_postgres::Client;
+
+use super::{Fail, StoreError};
+
+/// Advisory lock key of migrations (any constant; `tally` in ASCII).
+const MIGRATION_LOCK: i64 = 0x0074_616c_6c79;
+
+/// The migrations, in order; version N is `MIGRATIONS[N - 1]`. Never edit one that shipped.
+pub(super) const MIGRATIONS: &[&str] = &[r"
+CREATE TABLE sites (
+    id TEXT PRIMARY KEY, origins TEXT NOT NULL, timezone TEXT NOT NULL,
+    public BOOLEAN NOT NULL, ingest_key TEXT
+);
+-- Every site name ever counted, configured or not, as a small integer; never deleted.
+CREATE TABLE site_keys (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+-- Scopes of counters and visitor sets: path '' = the whole site, '(other)' = the pages beyond
+-- the daily page cap, else a page path. Never deleted, so ids are never reused.
+CREATE TABLE pages (
+    site BIGINT NOT NULL, id BIGINT GENERATED ALWAYS AS IDENTITY, path TEXT NOT NULL,
+    PRIMARY KEY (site, id), UNIQUE (site, path)
+);
+CREATE TABLE page_quota (
+    site BIGINT NOT NULL, day INTEGER NOT NULL, created INTEGER NOT NULL, PRIMARY KEY (site, day)
+);
+-- Raw events; `page` is the scope the view was counted under (the page, or '(other)').
+CREATE TABLE events (
+    site BIGINT NOT NULL, event_id UUID NOT NULL, source SMALLINT NOT NULL, kind SMALLINT NOT NULL,
+    page BIGINT NOT NULL, name TEXT, dedupe TEXT, visitor BYTEA NOT NULL, at_ms BIGINT NOT NULL,
+    day INTEGER NOT NULL, referrer TEXT,
+    PRIMARY KEY (site, event_id)
+);
+CREATE INDEX events_time ON events (event_id);
+CREATE INDEX events_site_day ON events (site, day);
+-- The dedupe of custom events with a key.
+CREATE TABLE event_keys (
+    site BIGINT NOT NULL, name TEXT NOT NULL, dedupe TEXT NOT NULL, event_id UUID NOT NULL,
+    PRIMARY KEY (site, name, dedupe)
+);
+-- Per-day visitor sets of every scope; keyed scope first, so the distinct visitors of one
+-- page over a range are one index range (pruning by day uses `visits_day`).
+CREATE TABLE visits (
+    site BIGINT NOT NULL, day INTEGER NOT NULL, scope BIGINT NOT NULL, source SMALLINT NOT NULL,
+    visitor BYTEA NOT NULL, PRIMARY KEY (site, scope, source, day, visitor)
+);
+CREATE INDEX visits_day ON visits (day);
+-- All-time visitor sets: page = a page scope for the page's set, = the whole-site scope for
+-- the site's (an explicit row, so two writers cannot both count a visitor new to the site).
+CREATE TABLE reach (
+    site BIGINT NOT NULL, source SMALLINT NOT NULL, visitor BYTEA NOT NULL, page BIGINT NOT NULL,
+    PRIMARY KEY (site, source, visitor, page)
+);
+CREATE TABLE counters (
+    site BIGINT NOT NULL, scope BIGINT NOT NULL, source SMALLINT NOT NULL, day INTEGER NOT NULL,
+    views BIGINT NOT NULL, visitors BIGINT NOT NULL, PRIMARY KEY (site, scope, source, day)
+);
+CREATE TABLE event_counters (
+    site BIGINT NOT NULL, name TEXT NOT NULL, day INTEGER NOT NULL, count BIGINT NOT NULL,
+    PRIMARY KEY (site, name, day)
+);
+CREATE TABLE bases (
+    site BIGINT NOT NULL, scope BIGINT NOT NULL, views BIGINT NOT NULL, visitors BIGINT NOT NULL,
+    PRIMARY KEY (site, scope)
+);
+CREATE TABLE filtered (
+    site BIGINT NOT NULL, day INTEGER NOT NULL, reason SMALLINT NOT NULL, count BIGINT NOT NULL,
+    PRIMARY KEY (site, day, reason)
+);
+CREATE TABLE salts (day INTEGER PRIMARY KEY, salt BYTEA NOT NULL);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
+"];
+
+/// Create schema `name` unless it exists, under the migration lock (two `CREATE SCHEMA IF NOT
+/// EXISTS` at once can both find it missing, and one then fails). `name` is checked by the
+/// caller (lower-case letters, digits, `_`).
+pub(super) async fn create_schema(client: &mut Client, name: &str) -> Result<(), StoreError> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {name}"))
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Apply the missing migrations (see the module doc).
+pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
+    let run = async {
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS schema_version (
+                 version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .await?;
+        let current: i32 = tx
+            .query_one("SELECT COALESCE(MAX(version), 0) FROM schema_version", &[])
+            .await?
+            .get(0);
+        let last = MIGRATIONS.len() as i32;
+        if current > last {
+            return Err(Fail::Store(StoreError::Invalid(format!(
+                "database schema version {current} is newer than this tally ({last})"
+            ))));
+        }
+        for (version, sql) in (1..).zip(MIGRATIONS).skip(current as usize) {
+            tx.batch_execute(sql).await?;
+            tx.execute(
+                "INSERT INTO schema_version (version) VALUES ($1)",
+                &[&version],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok::<(), Fail>(())
+    };
+    run.await.map_err(StoreError::from)
+}

@@ -1,0 +1,235 @@
+//! Recounting every counter from raw events, and repairing drift: the SQLite rule of what is
+//! compared (see `store::sqlite::verify`), in PostgreSQL.
+//!
+//! A plain verify reads one REPEATABLE READ snapshot, so batches committing meanwhile are
+//! either wholly in it or wholly out. A repair takes the exclusive side of the repair lock
+//! (every commit and prune holds the shared side for its transaction): it starts once the
+//! batches in flight have committed, and new batches wait until it has committed, so a repair
+//! is safe while collectors run and no batch is lost or counted twice.
+
+use std::fmt::Write as _;
+
+use super::write::REPAIR_LOCK;
+use super::{ALL_TIME, Fail, PgStore, num_day};
+use crate::store::{Drift, VerifyReport};
+
+/// The recount of every view counter: (site, scope, source, name, day, views, visitors).
+const RECOUNT: &str = "
+    SELECT site, page AS scope, source, ''::text AS name, day, COUNT(*) AS views,
+        COUNT(DISTINCT visitor) AS visitors FROM events WHERE kind = 0
+        GROUP BY site, page, source, day
+    UNION ALL SELECT e.site, p.id, e.source, '', e.day, COUNT(*), COUNT(DISTINCT e.visitor)
+        FROM events e JOIN pages p ON p.site = e.site AND p.path = ''
+        WHERE e.kind = 0 GROUP BY e.site, p.id, e.source, e.day
+    UNION ALL SELECT site, page, source, '', -1, COUNT(*), COUNT(DISTINCT visitor)
+        FROM events WHERE kind = 0 GROUP BY site, page, source
+    UNION ALL SELECT e.site, p.id, e.source, '', -1, COUNT(*), COUNT(DISTINCT e.visitor)
+        FROM events e JOIN pages p ON p.site = e.site AND p.path = ''
+        WHERE e.kind = 0 GROUP BY e.site, p.id, e.source";
+
+const STORED: &str = "SELECT site, scope, source, ''::text AS name, day, views, visitors \
+                      FROM counters";
+
+/// Custom-event counters shaped like [`RECOUNT`] (scope 0, source -1, the name).
+const RECOUNT_EVENTS: &str = "
+    SELECT site, 0::int8 AS scope, -1::int2 AS source, name, day, COUNT(*) AS views,
+        0::int8 AS visitors FROM events WHERE kind = 1 GROUP BY site, name, day
+    UNION ALL SELECT site, 0, -1, name, -1, COUNT(*), 0 FROM events WHERE kind = 1
+        GROUP BY site, name";
+
+const STORED_EVENTS: &str = "SELECT site, 0::int8 AS scope, -1::int2 AS source, name, day, \
+                             count AS views, 0::int8 AS visitors FROM event_counters";
+
+/// `scope` is a per-page scope (not a whole site's).
+const PAGE_ROW: &str = "scope NOT IN (SELECT id FROM pages WHERE path = '')";
+
+/// Which rows can be recounted.
+struct Cuts {
+    /// Day rows up to this day (inclusive) lost raw events; `None`: nothing was pruned.
+    raw: Option<i64>,
+    /// Per-page day rows before this day were pruned.
+    pages: i64,
+    /// Per-day visitor sets before this day were pruned.
+    visitors: i64,
+}
+
+impl Cuts {
+    async fn read(tx: &deadpool_postgres::Transaction<'_>) -> Result<Self, Fail> {
+        let mut raw = None;
+        let (mut pages, mut visitors) = (i64::MIN, i64::MIN);
+        for row in tx.query("SELECT key, value FROM meta", &[]).await? {
+            let value: i64 = row.get(1);
+            match row.get::<_, &str>(0) {
+                "pruned_before_ms" => {
+                    raw = Some(value.saturating_add(86_400_000).div_euclid(86_400_000));
+                }
+                "page_rows_before_day" => pages = value,
+                "visitor_rows_before_day" => visitors = value,
+                _ => {}
+            }
+        }
+        Ok(Self {
+            raw,
+            pages,
+            visitors,
+        })
+    }
+
+    fn comparable_sql(&self, page_row: &str) -> String {
+        let raw = match self.raw {
+            None => "TRUE".to_owned(),
+            Some(cut) => format!("(day != -1 AND day > {cut})"),
+        };
+        format!(
+            "{raw} AND (day = -1 OR day >= {} OR NOT ({page_row}))",
+            self.pages
+        )
+    }
+}
+
+async fn compare(
+    tx: &deadpool_postgres::Transaction<'_>,
+    (stored, recount): (&str, &str),
+    condition: &str,
+    events: bool,
+    report: &mut VerifyReport,
+) -> Result<(), Fail> {
+    let sql = format!(
+        "WITH s AS ({stored}), r AS ({recount}),
+              j AS (SELECT site, scope, source, name, day, s.views AS sv, s.visitors AS sw,
+                           r.views AS rv, r.visitors AS rw
+                    FROM s FULL OUTER JOIN r USING (site, scope, source, name, day))
+         SELECT site, scope, source, name, day, sv, sw, rv, rw FROM j WHERE {condition}
+         ORDER BY site, scope, source, name, day"
+    );
+    for row in tx.query(&sql, &[]).await? {
+        report.checked += 1;
+        let stored = (
+            row.get::<_, Option<i64>>(5).unwrap_or(0),
+            row.get::<_, Option<i64>>(6).unwrap_or(0),
+        );
+        let recounted = (
+            row.get::<_, Option<i64>>(7).unwrap_or(0),
+            row.get::<_, Option<i64>>(8).unwrap_or(0),
+        );
+        if stored != recounted {
+            let key = label(
+                tx,
+                events,
+                (row.get(0), row.get(1), row.get(2)),
+                row.get(3),
+                row.get(4),
+            )
+            .await?;
+            report.drift.push(Drift {
+                key,
+                stored,
+                recounted,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `site/source/page/day` (page empty for the whole site, day `*` for all time); custom
+/// events as `site/-1/name/day`.
+async fn label(
+    tx: &deadpool_postgres::Transaction<'_>,
+    events: bool,
+    (site, scope, source): (i64, i64, i16),
+    name: &str,
+    day: i32,
+) -> Result<String, Fail> {
+    let site_name: String = tx
+        .query_opt("SELECT name FROM site_keys WHERE id = $1", &[&site])
+        .await?
+        .map_or_else(|| format!("#{site}"), |r| r.get(0));
+    let page = if events {
+        name.to_owned()
+    } else {
+        tx.query_opt(
+            "SELECT path FROM pages WHERE site = $1 AND id = $2",
+            &[&site, &scope],
+        )
+        .await?
+        .map_or_else(|| format!("#{scope}"), |r| r.get(0))
+    };
+    let day = if day == ALL_TIME {
+        "*".to_owned()
+    } else {
+        num_day(day).map_or_else(|_| day.to_string(), |d| d.to_string())
+    };
+    Ok(format!("{site_name}/{source}/{page}/{day}"))
+}
+
+pub(super) async fn verify(store: &PgStore, repair: bool) -> Result<VerifyReport, Fail> {
+    let mut client = store.client().await?;
+    let tx = if repair {
+        let tx = client.transaction().await?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))",
+            &[&REPAIR_LOCK],
+        )
+        .await?;
+        tx
+    } else {
+        client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?
+    };
+    let cuts = Cuts::read(&tx).await?;
+    let counters = cuts.comparable_sql(PAGE_ROW);
+    let event_counters = cuts.comparable_sql("FALSE");
+    let mut report = VerifyReport::default();
+    compare(&tx, (STORED, RECOUNT), &counters, false, &mut report).await?;
+    compare(
+        &tx,
+        (STORED_EVENTS, RECOUNT_EVENTS),
+        &event_counters,
+        true,
+        &mut report,
+    )
+    .await?;
+    if repair && !report.drift.is_empty() {
+        let mut visit_days = format!("day >= {}", cuts.visitors);
+        if let Some(cut) = cuts.raw {
+            let _ = write!(visit_days, " AND day > {cut}");
+        }
+        tx.batch_execute(&format!(
+            "DELETE FROM counters WHERE {counters};
+             INSERT INTO counters (site, scope, source, day, views, visitors)
+                 SELECT site, scope, source, day, views, visitors FROM ({RECOUNT}) r
+                 WHERE {counters};
+             DELETE FROM event_counters WHERE {event_counters};
+             INSERT INTO event_counters (site, name, day, count)
+                 SELECT site, name, day, views FROM ({RECOUNT_EVENTS}) r WHERE {event_counters};
+             DELETE FROM visits WHERE {visit_days};
+             INSERT INTO visits (site, day, scope, source, visitor)
+                 SELECT site, day, page, source, visitor FROM events
+                     WHERE kind = 0 AND {visit_days}
+                 UNION SELECT e.site, e.day, p.id, e.source, e.visitor FROM events e
+                     JOIN pages p ON p.site = e.site AND p.path = ''
+                     WHERE e.kind = 0 AND {visit_days}
+                 ON CONFLICT DO NOTHING;"
+        ))
+        .await?;
+        if cuts.raw.is_none() {
+            tx.execute("DELETE FROM reach", &[]).await?;
+        }
+        tx.execute(
+            "INSERT INTO reach (site, source, visitor, page)
+                 SELECT site, source, visitor, page FROM events WHERE kind = 0
+                 UNION SELECT e.site, e.source, e.visitor, p.id FROM events e
+                     JOIN pages p ON p.site = e.site AND p.path = '' WHERE e.kind = 0
+             ON CONFLICT DO NOTHING",
+            &[],
+        )
+        .await?;
+        report.repaired = true;
+    }
+    tx.commit().await?;
+    Ok(report)
+}

@@ -1,0 +1,582 @@
+//! Committing a batch in one transaction, set at a time and in key order.
+//!
+//! Each step is ONE statement over arrays (`unnest`), its rows sorted by the table's key, so
+//! two writers lock rows in the same order: keyed custom events (`event_keys`), raw events,
+//! the per-day visitor sets of the pages, those of the sites, the all-time sets, then the
+//! counters and custom-event counters (summed per key in memory first). The rows a statement
+//! really inserted (`RETURNING`) decide, in record order, which record was new: the first
+//! record of the batch claiming an inserted key gets it, as the SQLite writer decides one
+//! record at a time. A visitor is new to the whole site ever only when its explicit all-time
+//! site row (`reach` with the site scope) is inserted, so two writers cannot both count it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use tally_wire::Numbers;
+use uuid::Uuid;
+
+use super::intern::Resolver;
+use super::{ALL_TIME, Fail, PgStore, day_num};
+use crate::core::filtered::FilteredRow;
+use crate::core::hit::HitKind;
+use crate::core::record::{Outcome, Record};
+use crate::store::StoreError;
+
+/// `kind` codes in `events`.
+pub(super) const KIND_PAGEVIEW: i16 = 0;
+pub(super) const KIND_EVENT: i16 = 1;
+
+/// First key of the advisory lock that repairs hold exclusively and commits share (the
+/// second key is the schema's hash).
+pub(super) const REPAIR_LOCK: i32 = 0x7461_6c79;
+
+/// Take the shared side of the repair lock for this transaction.
+pub(super) async fn share_repair_lock(tx: &deadpool_postgres::Transaction<'_>) -> Result<(), Fail> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))",
+        &[&REPAIR_LOCK],
+    )
+    .await?;
+    Ok(())
+}
+
+/// One record, resolved.
+struct Row<'r> {
+    index: usize,
+    site: i64,
+    scope: i64,
+    source: i16,
+    day: i32,
+    record: &'r Record,
+}
+
+/// A per-day visitor row: (site, day, scope, source, visitor).
+type VisitKey = (i64, i32, i64, i16, [u8; 16]);
+/// An all-time visitor row: (site, source, visitor, scope).
+type ReachKey = (i64, i16, [u8; 16], i64);
+
+pub(super) async fn commit_batch(
+    store: &PgStore,
+    records: &[Record],
+) -> Result<Vec<Outcome>, Fail> {
+    let mut client = store.client().await?;
+    let tx = client.transaction().await?;
+    share_repair_lock(&tx).await?;
+    let mut resolver = Resolver::new(store, &tx, store.max_new_pages_per_day);
+
+    // Ids, in key order (page-cap tallies are locked per (site, day)).
+    let mut order: Vec<usize> = (0..records.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (&records[a], &records[b]);
+        (x.site.as_str(), x.day, x.page.as_str()).cmp(&(y.site.as_str(), y.day, y.page.as_str()))
+    });
+    let mut rows: Vec<Option<Row<'_>>> = (0..records.len()).map(|_| None).collect();
+    let mut scopes: HashMap<(i64, i32, &str), i64> = HashMap::new();
+    for i in order {
+        let r = &records[i];
+        let day = day_num(r.day);
+        if day < 0 {
+            return Err(Fail::Store(StoreError::Invalid(format!(
+                "day {} is before 1970-01-01",
+                r.day
+            ))));
+        }
+        let site = resolver.site(r.site.as_str()).await?;
+        let scope = match scopes.get(&(site, day, r.page.as_str())) {
+            Some(scope) => *scope,
+            None => {
+                let scope = resolver.page(site, r.page.as_str(), day).await?;
+                scopes.insert((site, day, r.page.as_str()), scope);
+                scope
+            }
+        };
+        rows[i] = Some(Row {
+            index: i,
+            site,
+            scope,
+            source: r.source.code() as i16,
+            day,
+            record: r,
+        });
+    }
+    let rows: Vec<Row<'_>> = rows.into_iter().flatten().collect();
+    let mut outcomes = vec![Outcome::Duplicate; records.len()];
+
+    // Duplicates inside the batch: only the first record of an id or key is a candidate.
+    let mut ids_seen = HashSet::new();
+    let mut keys_seen = HashSet::new();
+    let mut candidates: Vec<&Row<'_>> = Vec::with_capacity(rows.len());
+    for row in &rows {
+        if !ids_seen.insert((row.site, row.record.event_id.uuid())) {
+            continue;
+        }
+        if let HitKind::Event {
+            name,
+            dedupe: Some(key),
+        } = &row.record.kind
+            && !keys_seen.insert((row.site, name.as_str(), key.as_str()))
+        {
+            continue;
+        }
+        candidates.push(row);
+    }
+
+    // Keyed custom events: the key first.
+    let mut keyed: Vec<(i64, &str, &str, Uuid)> = candidates
+        .iter()
+        .filter_map(|row| match &row.record.kind {
+            HitKind::Event {
+                name,
+                dedupe: Some(key),
+            } => Some((
+                row.site,
+                name.as_str(),
+                key.as_str(),
+                row.record.event_id.uuid(),
+            )),
+            _ => None,
+        })
+        .collect();
+    keyed.sort();
+    let mut new_keys: HashSet<(i64, String, String)> = HashSet::new();
+    if !keyed.is_empty() {
+        let (s, n, k, e) = unzip4(&keyed);
+        for row in tx
+            .query(
+                "INSERT INTO event_keys (site, name, dedupe, event_id) \
+                 SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::uuid[]) \
+                 ON CONFLICT DO NOTHING RETURNING site, name, dedupe",
+                &[&s, &n, &k, &e],
+            )
+            .await?
+        {
+            new_keys.insert((row.get(0), row.get(1), row.get(2)));
+        }
+        candidates.retain(|row| match &row.record.kind {
+            HitKind::Event {
+                name,
+                dedupe: Some(key),
+            } => new_keys.contains(&(row.site, name.as_str().to_owned(), key.as_str().to_owned())),
+            _ => true,
+        });
+    }
+
+    // Raw events, in (site, event_id) order.
+    candidates.sort_by_key(|row| (row.site, row.record.event_id.uuid()));
+    let accepted = insert_events(&tx, &candidates).await?;
+    let mut orphan_keys = Vec::new();
+    let mut views: Vec<&Row<'_>> = Vec::new();
+    let mut event_deltas: BTreeMap<(i64, String, i32), i64> = BTreeMap::new();
+    for row in &candidates {
+        let id = row.record.event_id.uuid();
+        if !accepted.contains(&(row.site, id)) {
+            if let HitKind::Event {
+                name,
+                dedupe: Some(key),
+            } = &row.record.kind
+            {
+                orphan_keys.push((row.site, name.as_str().to_owned(), key.as_str().to_owned()));
+            }
+            continue;
+        }
+        outcomes[row.index] = Outcome::Accepted;
+        match &row.record.kind {
+            HitKind::Event { name, .. } => {
+                for d in [row.day, ALL_TIME] {
+                    *event_deltas
+                        .entry((row.site, name.as_str().to_owned(), d))
+                        .or_default() += 1;
+                }
+            }
+            HitKind::Pageview => views.push(row),
+        }
+    }
+    // A new key whose event id was a duplicate: the key was not used after all.
+    if !orphan_keys.is_empty() {
+        let (s, n, k): (Vec<i64>, Vec<String>, Vec<String>) = orphan_keys.into_iter().fold(
+            (Vec::new(), Vec::new(), Vec::new()),
+            |(mut s, mut n, mut k), (a, b, c)| {
+                s.push(a);
+                n.push(b);
+                k.push(c);
+                (s, n, k)
+            },
+        );
+        tx.execute(
+            "DELETE FROM event_keys WHERE (site, name, dedupe) IN \
+             (SELECT * FROM unnest($1::int8[], $2::text[], $3::text[]))",
+            &[&s, &n, &k],
+        )
+        .await?;
+    }
+    views.sort_by_key(|row| row.index);
+    let counter_deltas = count_views(&mut resolver, &tx, &views).await?;
+    upsert_counters(&tx, &counter_deltas).await?;
+    upsert_event_counters(&tx, &event_deltas).await?;
+    let pending = resolver.into_pending();
+    tx.commit().await?;
+    store.known().absorb(pending);
+    Ok(outcomes)
+}
+
+fn unzip4<A: Clone, B: ToString, C: ToString, D: Clone>(
+    rows: &[(A, B, C, D)],
+) -> (Vec<A>, Vec<String>, Vec<String>, Vec<D>) {
+    let mut out = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (a, b, c, d) in rows {
+        out.0.push(a.clone());
+        out.1.push(b.to_string());
+        out.2.push(c.to_string());
+        out.3.push(d.clone());
+    }
+    out
+}
+
+/// Insert the raw events; returns the (site, event id) of those really inserted.
+async fn insert_events(
+    tx: &deadpool_postgres::Transaction<'_>,
+    rows: &[&Row<'_>],
+) -> Result<HashSet<(i64, Uuid)>, Fail> {
+    if rows.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut site = Vec::with_capacity(rows.len());
+    let mut id = Vec::with_capacity(rows.len());
+    let mut source = Vec::with_capacity(rows.len());
+    let mut kind = Vec::with_capacity(rows.len());
+    let mut page = Vec::with_capacity(rows.len());
+    let mut name: Vec<Option<&str>> = Vec::with_capacity(rows.len());
+    let mut dedupe: Vec<Option<&str>> = Vec::with_capacity(rows.len());
+    let mut visitor: Vec<&[u8]> = Vec::with_capacity(rows.len());
+    let mut at = Vec::with_capacity(rows.len());
+    let mut day = Vec::with_capacity(rows.len());
+    let mut referrer: Vec<Option<&str>> = Vec::with_capacity(rows.len());
+    for row in rows {
+        let r = row.record;
+        site.push(row.site);
+        id.push(r.event_id.uuid());
+        source.push(row.source);
+        page.push(row.scope);
+        let (k, n, d) = match &r.kind {
+            HitKind::Pageview => (KIND_PAGEVIEW, None, None),
+            HitKind::Event { name, dedupe } => (
+                KIND_EVENT,
+                Some(name.as_str()),
+                dedupe.as_ref().map(|d| d.as_str()),
+            ),
+        };
+        kind.push(k);
+        name.push(n);
+        dedupe.push(d);
+        visitor.push(&r.visitor.0[..]);
+        at.push(r.at_ms);
+        day.push(row.day);
+        referrer.push(r.referrer.as_deref());
+    }
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO events (site, event_id, source, kind, page, name, dedupe, visitor, \
+             at_ms, day, referrer) \
+             SELECT * FROM unnest($1::int8[], $2::uuid[], $3::int2[], $4::int2[], $5::int8[], \
+             $6::text[], $7::text[], $8::bytea[], $9::int8[], $10::int4[], $11::text[]) \
+             ON CONFLICT DO NOTHING RETURNING site, event_id",
+        )
+        .await?;
+    let inserted = tx
+        .query(
+            &stmt,
+            &[
+                &site, &id, &source, &kind, &page, &name, &dedupe, &visitor, &at, &day, &referrer,
+            ],
+        )
+        .await?;
+    Ok(inserted.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Insert per-day visitor rows (sorted); returns those really inserted.
+async fn insert_visits(
+    tx: &deadpool_postgres::Transaction<'_>,
+    keys: &BTreeSet<VisitKey>,
+) -> Result<HashSet<VisitKey>, Fail> {
+    if keys.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let (mut s, mut d, mut p, mut src, mut v) = (vec![], vec![], vec![], vec![], vec![]);
+    for (site, day, scope, source, visitor) in keys {
+        s.push(*site);
+        d.push(*day);
+        p.push(*scope);
+        src.push(*source);
+        v.push(&visitor[..]);
+    }
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO visits (site, day, scope, source, visitor) \
+             SELECT * FROM unnest($1::int8[], $2::int4[], $3::int8[], $4::int2[], $5::bytea[]) \
+             ON CONFLICT DO NOTHING RETURNING site, day, scope, source, visitor",
+        )
+        .await?;
+    let rows = tx.query(&stmt, &[&s, &d, &p, &src, &v]).await?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.get(0),
+                r.get(1),
+                r.get(2),
+                r.get(3),
+                visitor_key(r.get(4))?,
+            ))
+        })
+        .collect()
+}
+
+/// Insert all-time visitor rows (sorted); returns those really inserted.
+async fn insert_reach(
+    tx: &deadpool_postgres::Transaction<'_>,
+    keys: &BTreeSet<ReachKey>,
+) -> Result<HashSet<ReachKey>, Fail> {
+    if keys.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let (mut s, mut src, mut v, mut p) = (vec![], vec![], vec![], vec![]);
+    for (site, source, visitor, scope) in keys {
+        s.push(*site);
+        src.push(*source);
+        v.push(&visitor[..]);
+        p.push(*scope);
+    }
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO reach (site, source, visitor, page) \
+             SELECT * FROM unnest($1::int8[], $2::int2[], $3::bytea[], $4::int8[]) \
+             ON CONFLICT DO NOTHING RETURNING site, source, visitor, page",
+        )
+        .await?;
+    let rows = tx.query(&stmt, &[&s, &src, &v, &p]).await?;
+    rows.iter()
+        .map(|r| Ok((r.get(0), r.get(1), visitor_key(r.get(2))?, r.get(3))))
+        .collect()
+}
+
+fn visitor_key(bytes: &[u8]) -> Result<[u8; 16], Fail> {
+    bytes
+        .try_into()
+        .map_err(|_| Fail::Store(StoreError::Invalid("visitor key is not 16 bytes".into())))
+}
+
+/// Counter increments: (site, scope, source, day) → (views, new visitors).
+type Deltas = BTreeMap<(i64, i64, i16, i32), (i64, i64)>;
+
+/// The visitor sets and counter increments of the accepted page views (in record order).
+async fn count_views(
+    resolver: &mut Resolver<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
+    views: &[&Row<'_>],
+) -> Result<Deltas, Fail> {
+    let mut deltas = Deltas::new();
+    if views.is_empty() {
+        return Ok(deltas);
+    }
+    let mut site_scopes = Vec::with_capacity(views.len());
+    for row in views {
+        site_scopes.push(resolver.site_scope(row.site).await?);
+    }
+    let visitor = |row: &Row<'_>| row.record.visitor.0;
+    // The first record claiming an inserted key is the new one.
+    fn claim<K: std::hash::Hash + Eq + Clone>(
+        inserted: &HashSet<K>,
+        claimed: &mut HashSet<K>,
+        key: &K,
+    ) -> bool {
+        inserted.contains(key) && claimed.insert(key.clone())
+    }
+    let page_keys: Vec<VisitKey> = views
+        .iter()
+        .map(|r| (r.site, r.day, r.scope, r.source, visitor(r)))
+        .collect();
+    let inserted = insert_visits(tx, &page_keys.iter().copied().collect()).await?;
+    let mut claimed = HashSet::new();
+    let page_day: Vec<bool> = page_keys
+        .iter()
+        .map(|k| claim(&inserted, &mut claimed, k))
+        .collect();
+
+    let site_keys: Vec<VisitKey> = views
+        .iter()
+        .zip(&site_scopes)
+        .map(|(r, s)| (r.site, r.day, *s, r.source, visitor(r)))
+        .collect();
+    let wanted: BTreeSet<VisitKey> = site_keys
+        .iter()
+        .zip(&page_day)
+        .filter(|(_, new)| **new)
+        .map(|(k, _)| *k)
+        .collect();
+    let inserted = insert_visits(tx, &wanted).await?;
+    let mut claimed = HashSet::new();
+    let site_day: Vec<bool> = site_keys
+        .iter()
+        .zip(&page_day)
+        .map(|(k, new)| *new && claim(&inserted, &mut claimed, k))
+        .collect();
+
+    let page_reach: Vec<ReachKey> = views
+        .iter()
+        .map(|r| (r.site, r.source, visitor(r), r.scope))
+        .collect();
+    let site_reach: Vec<ReachKey> = views
+        .iter()
+        .zip(&site_scopes)
+        .map(|(r, s)| (r.site, r.source, visitor(r), *s))
+        .collect();
+    let mut wanted: BTreeSet<ReachKey> = BTreeSet::new();
+    for i in 0..views.len() {
+        if page_day[i] {
+            wanted.insert(page_reach[i]);
+        }
+        if site_day[i] {
+            wanted.insert(site_reach[i]);
+        }
+    }
+    let inserted = insert_reach(tx, &wanted).await?;
+    let mut claimed = HashSet::new();
+    for (i, row) in views.iter().enumerate() {
+        let page_ever = page_day[i] && claim(&inserted, &mut claimed, &page_reach[i]);
+        let site_ever = site_day[i] && claim(&inserted, &mut claimed, &site_reach[i]);
+        let mut bump = |scope: i64, day: i32, new: bool| {
+            let d = deltas
+                .entry((row.site, scope, row.source, day))
+                .or_default();
+            d.0 += 1;
+            d.1 += i64::from(new);
+        };
+        bump(row.scope, row.day, page_day[i]);
+        bump(row.scope, ALL_TIME, page_ever);
+        bump(site_scopes[i], row.day, site_day[i]);
+        bump(site_scopes[i], ALL_TIME, site_ever);
+    }
+    Ok(deltas)
+}
+
+/// Add the increments to `counters`, one statement, in key order.
+async fn upsert_counters(
+    tx: &deadpool_postgres::Transaction<'_>,
+    deltas: &Deltas,
+) -> Result<(), Fail> {
+    if deltas.is_empty() {
+        return Ok(());
+    }
+    let (mut s, mut p, mut src, mut d, mut v, mut n) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for ((site, scope, source, day), (views, visitors)) in deltas {
+        s.push(*site);
+        p.push(*scope);
+        src.push(*source);
+        d.push(*day);
+        v.push(*views);
+        n.push(*visitors);
+    }
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO counters (site, scope, source, day, views, visitors) \
+             SELECT * FROM unnest($1::int8[], $2::int8[], $3::int2[], $4::int4[], $5::int8[], \
+             $6::int8[]) ON CONFLICT (site, scope, source, day) DO UPDATE SET \
+             views = counters.views + excluded.views, \
+             visitors = counters.visitors + excluded.visitors",
+        )
+        .await?;
+    tx.execute(&stmt, &[&s, &p, &src, &d, &v, &n]).await?;
+    Ok(())
+}
+
+async fn upsert_event_counters(
+    tx: &deadpool_postgres::Transaction<'_>,
+    deltas: &BTreeMap<(i64, String, i32), i64>,
+) -> Result<(), Fail> {
+    if deltas.is_empty() {
+        return Ok(());
+    }
+    let (mut s, mut n, mut d, mut c) = (vec![], vec![], vec![], vec![]);
+    for ((site, name, day), count) in deltas {
+        s.push(*site);
+        n.push(name.as_str());
+        d.push(*day);
+        c.push(*count);
+    }
+    tx.execute(
+        "INSERT INTO event_counters (site, name, day, count) \
+         SELECT * FROM unnest($1::int8[], $2::text[], $3::int4[], $4::int8[]) \
+         ON CONFLICT (site, name, day) DO UPDATE SET count = event_counters.count + excluded.count",
+        &[&s, &n, &d, &c],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Add views not counted, summed per key and written in key order.
+pub(super) async fn add_filtered(store: &PgStore, rows: &[FilteredRow]) -> Result<(), Fail> {
+    let mut client = store.client().await?;
+    let tx = client.transaction().await?;
+    let mut resolver = Resolver::new(store, &tx, 0);
+    let mut sums: BTreeMap<(i64, i32, i16), i64> = BTreeMap::new();
+    let mut names: Vec<&str> = rows.iter().map(|r| r.site.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut ids = HashMap::new();
+    for name in names {
+        ids.insert(name, resolver.site(name).await?);
+    }
+    for r in rows {
+        let site = ids.get(r.site.as_str()).copied().unwrap_or_default();
+        *sums
+            .entry((site, day_num(r.day), i16::from(r.reason.code())))
+            .or_default() += i64::try_from(r.count).unwrap_or(i64::MAX);
+    }
+    let (mut s, mut d, mut k, mut c) = (vec![], vec![], vec![], vec![]);
+    for ((site, day, reason), count) in sums {
+        s.push(site);
+        d.push(day);
+        k.push(reason);
+        c.push(count);
+    }
+    tx.execute(
+        "INSERT INTO filtered (site, day, reason, count) \
+         SELECT * FROM unnest($1::int8[], $2::int4[], $3::int2[], $4::int8[]) \
+         ON CONFLICT (site, day, reason) DO UPDATE SET count = filtered.count + excluded.count",
+        &[&s, &d, &k, &c],
+    )
+    .await?;
+    let pending = resolver.into_pending();
+    tx.commit().await?;
+    store.known().absorb(pending);
+    Ok(())
+}
+
+/// Set the carried-over numbers of a site (`page` empty) or one page.
+pub(super) async fn set_base(
+    store: &PgStore,
+    site: &str,
+    page: &str,
+    base: Numbers,
+) -> Result<(), Fail> {
+    let mut client = store.client().await?;
+    let tx = client.transaction().await?;
+    let mut resolver = Resolver::new(store, &tx, 0);
+    let site = resolver.site(site).await?;
+    let scope = resolver.page_uncapped(site, page).await?;
+    tx.execute(
+        "INSERT INTO bases (site, scope, views, visitors) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (site, scope) DO UPDATE SET views = excluded.views, \
+         visitors = excluded.visitors",
+        &[
+            &site,
+            &scope,
+            &i64::try_from(base.views).unwrap_or(i64::MAX),
+            &i64::try_from(base.visitors).unwrap_or(i64::MAX),
+        ],
+    )
+    .await?;
+    let pending = resolver.into_pending();
+    tx.commit().await?;
+    store.known().absorb(pending);
+    Ok(())
+}
