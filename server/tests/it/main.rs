@@ -18,6 +18,7 @@ mod hits;
 mod import;
 mod metrics;
 mod migration_fixture;
+mod multi_collector;
 mod openapi;
 mod overload;
 mod privacy;

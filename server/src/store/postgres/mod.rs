@@ -139,7 +139,9 @@ impl From<Fail> for StoreError {
 /// A PostgreSQL error as a store error, with the server's message and code (for the log).
 fn pg_error(e: &tokio_postgres::Error) -> StoreError {
     match e.as_db_error() {
-        Some(db) => StoreError::Unavailable(format!("postgres {}: {}", db.code().code(), db.message())),
+        Some(db) => {
+            StoreError::Unavailable(format!("postgres {}: {}", db.code().code(), db.message()))
+        }
         None => StoreError::Unavailable(format!("postgres: {e}")),
     }
 }
@@ -312,11 +314,7 @@ impl StatsReader for PgStore {
         let (from_n, to_n) = (i64::from(day_num(from)), i64::from(day_num(to)));
         let ids = (
             id_bound(from_n.saturating_mul(DAY_MS).saturating_sub(SLACK_MS)),
-            id_bound(
-                (to_n + 1)
-                    .saturating_mul(DAY_MS)
-                    .saturating_add(SLACK_MS),
-            ),
+            id_bound((to_n + 1).saturating_mul(DAY_MS).saturating_add(SLACK_MS)),
         );
         read::top_referrers(
             self,
