@@ -126,6 +126,17 @@ impl Stats {
         )
     }
 
+    /// Several drives that ran side by side for `elapsed`, as one.
+    pub fn combine(parts: Vec<Stats>, elapsed: Duration) -> Stats {
+        let mut all = Stats::default();
+        for p in parts {
+            all.merge(p);
+        }
+        all.latencies_us.sort_unstable();
+        all.elapsed = elapsed;
+        all
+    }
+
     fn merge(&mut self, o: Stats) {
         self.latencies_us.extend(o.latencies_us);
         self.ok += o.ok;

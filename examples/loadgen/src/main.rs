@@ -10,6 +10,7 @@
 //! - `abuse` measures what one hostile client costs (see [`abuse`]): legitimate throughput
 //!   and p99 alone and under a flood, the attacker's answers, disk growth, peak RSS, goals.
 //! - `memory` measures tally's peak RSS after one million distinct visitors in one day.
+//! - `scale` compares the baseline, SQLite and 1..3 collectors on PostgreSQL in one run.
 //! - `import` measures a `tally import` while the server takes live load: the import's lines/s
 //!   and live p99 idle vs during the import (see [`import`]).
 //! - `baseline` is the do-nothing server `run` starts; `drive` drives a running server.
@@ -22,6 +23,7 @@ mod memory;
 mod mix;
 mod rng;
 mod run;
+mod scale;
 mod server;
 
 use std::time::Duration;
@@ -46,6 +48,8 @@ enum Cmd {
     Memory(memory::MemoryArgs),
     /// Live p99 idle vs during a `tally import` on the same database, and the import's rate.
     Import(import::ImportArgs),
+    /// Baseline, SQLite, and 1..3 collectors on PostgreSQL, in one run.
+    Scale(scale::ScaleArgs),
     /// The do-nothing baseline server (started by `run`).
     Baseline,
     /// Drive an already running server (for profiling).
@@ -100,6 +104,7 @@ fn main() -> anyhow::Result<()> {
                 Cmd::Abuse(args) => abuse::abuse(args).await,
                 Cmd::Memory(args) => memory::memory(args).await,
                 Cmd::Import(args) => import::import(args).await,
+                Cmd::Scale(args) => scale::scale(args).await,
             }
         };
         // Dropping `work` drops its server handles, which kills the servers.

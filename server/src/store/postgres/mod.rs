@@ -509,7 +509,7 @@ mod tests {
         })
         .await;
         assert_eq!(calls, ATTEMPTS);
-        assert!(matches!(out, Err(StoreError::Unavailable(why)) if why.contains("40001")));
+        assert!(matches!(out, Err(StoreError::Conflict(why)) if why.contains("40001")));
 
         let mut calls = 0;
         let out: Result<(), _> = retry("t", || {
