@@ -186,13 +186,18 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
         },
     );
     println!(
-        "{:<14} {:>12} {:>10} {:>10} {:>8}  ratio to baseline",
+        "{:<14} {:>12} {:>10} {:>10} {:>8}",
         "server", "hits/s", "p50 ms", "p99 ms", "errors"
     );
-    let base_rate = rows[0].1.rate();
     for (name, s) in &rows {
         print_row(name, s);
-        println!("{:<14} ratio {:.2}", "", s.rate() / base_rate);
     }
+    let base_rate = rows[0].1.rate();
+    let ratios: Vec<String> = rows
+        .iter()
+        .skip(1)
+        .map(|(name, s)| format!("{name} {:.2}", s.rate() / base_rate))
+        .collect();
+    println!("ratio to the baseline: {}", ratios.join(", "));
     Ok(())
 }
