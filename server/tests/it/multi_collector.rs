@@ -7,17 +7,15 @@
 //! Needs `TALLY_TEST_POSTGRES` and `TALLY_TEST_REDIS` (`.ci/run` sets both).
 
 use std::collections::{HashMap, HashSet};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::Mutex;
 
 use crate::store_conformance::postgres::Db;
-use crate::support::{client, event_id_at};
+use crate::support::{Binary, client, event_id_at};
 
 const SECRET: &str = "a-shared-secret-of-the-three-collectors-0123";
 const CLIENTS: usize = 32;
@@ -26,47 +24,28 @@ const EVENTS: usize = 16_000;
 const VISITORS: usize = 1_500;
 const PAGES: usize = 60;
 
-struct Collector {
-    child: Child,
-    base: String,
-}
-
-async fn start(db_url: &str, redis: &str, prefix: &str) -> Collector {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .arg("--db")
-        .arg(db_url)
-        .args(["serve", "--listen", "127.0.0.1:0", "--db-pool", "4"])
-        .args(["--redis", redis, "--redis-prefix", prefix])
+/// A collector: `tally serve` on the schema at `db_url`, sharing `redis` under `prefix`.
+async fn start(db_url: &str, redis: &str, prefix: &str) -> Binary {
+    let args = [
+        "--db-pool",
+        "4",
+        "--redis",
+        redis,
+        "--redis-prefix",
+        prefix,
         // One address sends everything here: no per-address limits.
-        .args([
-            "--rate-limit-per-minute",
-            "0",
-            "--address-limit-per-minute",
-            "0",
-        ])
+        "--rate-limit-per-minute",
+        "0",
+        "--address-limit-per-minute",
+        "0",
         // Long enough that every visitor of the run is still "live" when it is read.
-        .args(["--live-window-secs", "900"])
-        .env("TALLY_SECRET", SECRET)
-        .env("TALLY_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn tally");
-    let stdout = child.stdout.take().expect("stdout");
-    let line = BufReader::new(stdout)
-        .lines()
-        .next_line()
-        .await
-        .expect("read")
-        .expect("a line");
-    Collector {
-        child,
-        base: line
-            .strip_prefix("listening on ")
-            .expect("listening line")
-            .to_owned(),
-    }
+        "--live-window-secs",
+        "900",
+        "--secret",
+        SECRET,
+    ];
+    let dir = tempfile::tempdir().expect("dir");
+    Binary::start_on(dir, db_url.into(), &args).await
 }
 
 /// One planned hit: its body, visitor and page.
