@@ -80,7 +80,9 @@ pub struct Limits {
     hasher: std::collections::hash_map::RandomState,
 }
 
-fn scaled(per_minute: u32, factor: u32) -> Option<Quota> {
+/// The quota of `per_minute` records, `factor` times larger (the image-proxy lane); the Redis
+/// limiter uses the same.
+pub(crate) fn scaled(per_minute: u32, factor: u32) -> Option<Quota> {
     Quota::per_minute(per_minute.saturating_mul(factor.max(1)))
 }
 

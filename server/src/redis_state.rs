@@ -36,7 +36,7 @@ use crate::core::gcra::Quota;
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::LiveNumbers;
 use crate::core::net::ClientNet;
-use crate::limits::{LimitConfig, Limits, Refusal};
+use crate::limits::{LimitConfig, Limits, Refusal, scaled};
 use crate::shared::{
     LiveState, MemoryLive, MemoryRepeatGate, MemorySiteCache, RateLimiter, RepeatGate, SiteCache,
 };
@@ -407,9 +407,6 @@ pub struct RedisLimiter {
 impl RedisLimiter {
     /// The limits of `config` on `link`, with in-process [`Limits`] for when Redis is gone.
     pub fn new(link: Arc<RedisLink>, config: LimitConfig) -> Self {
-        let scaled = |per_minute: u32, factor: u32| {
-            Quota::per_minute(per_minute.saturating_mul(factor.max(1)))
-        };
         Self {
             link,
             direct: (

@@ -4,25 +4,17 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  startTally, startSite, launchBrowser, newProfile, pageHtml, counts, countsWhere, waitFor,
-  storageKeys, tempDir, cleanup, tallyCommand, hitsLogged,
+  startTally, startSite, newProfile, pageHtml, counts, countsWhere, waitFor, storageKeys, tempDir, cleanup, tallyCommand, hitsLogged, startAll, stopAll,
 } from './support.mjs';
 
-let dir, tally, site, browser;
+let env, tally, site, browser;
 
 before(async () => {
-  dir = tempDir();
-  tally = await startTally({ db: `${dir}/tally.sqlite` });
-  site = await startSite();
-  browser = await launchBrowser();
+  env = await startAll();
+  ({ tally, site, browser } = env);
 });
 
-after(async () => {
-  await browser?.close();
-  await site?.close();
-  await tally?.stop();
-  cleanup(dir);
-});
+after(() => stopAll(env));
 
 /// Serves `html` at `path` on the test site and returns its URL.
 function serve(path, html) {

@@ -7,24 +7,17 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  startTally, startSite, launchBrowser, newProfile, counts, countsWhere, waitFor, tempDir, cleanup,
+  newProfile, counts, waitFor, startAll, stopAll,
 } from './support.mjs';
 
-let dir, tally, site, browser;
+let env, tally, site, browser;
 
 before(async () => {
-  dir = tempDir();
-  tally = await startTally({ db: `${dir}/tally.sqlite` });
-  site = await startSite();
-  browser = await launchBrowser();
+  env = await startAll();
+  ({ tally, site, browser } = env);
 });
 
-after(async () => {
-  await browser?.close();
-  await site?.close();
-  await tally?.stop();
-  cleanup(dir);
-});
+after(() => stopAll(env));
 
 /// A theme page: the Tally tag marked data-pjax, site counters in the footer (outside the
 /// swapped #main), the page counter in a container hidden until filled (NexT's post meta).

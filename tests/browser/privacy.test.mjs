@@ -4,25 +4,17 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  startTally, startSite, launchBrowser, newProfile, pageHtml, counts, countsWhere, waitFor,
-  storageKeys, tempDir, cleanup,
+  newProfile, pageHtml, counts, countsWhere, waitFor, storageKeys, startAll, stopAll,
 } from './support.mjs';
 
-let dir, tally, site, browser;
+let env, tally, site, browser;
 
 before(async () => {
-  dir = tempDir();
-  tally = await startTally({ db: `${dir}/tally.sqlite` });
-  site = await startSite();
-  browser = await launchBrowser();
+  env = await startAll();
+  ({ tally, site, browser } = env);
 });
 
-after(async () => {
-  await browser?.close();
-  await site?.close();
-  await tally?.stop();
-  cleanup(dir);
-});
+after(() => stopAll(env));
 
 const COUNTER = '<span data-tally="site.views">-</span>';
 const snippet = (attrs, body = '') => pageHtml({ src: `${tally.url}/tally.js`, attrs, body });

@@ -246,3 +246,20 @@ export function storageKeys(page) {
 export function cleanup(dir) {
   rmSync(dir, { recursive: true, force: true });
 }
+
+/** The usual test file's world: a collector on a fresh database, a site server, a browser. */
+export async function startAll() {
+  const dir = tempDir();
+  const tally = await startTally({ db: `${dir}/tally.sqlite` });
+  const site = await startSite();
+  const browser = await launchBrowser();
+  return { dir, tally, site, browser };
+}
+
+/** Stops what {@link startAll} started (whatever of it did start) and removes its files. */
+export async function stopAll(env) {
+  await env?.browser?.close();
+  await env?.site?.close();
+  await env?.tally?.stop();
+  if (env?.dir) cleanup(env.dir);
+}

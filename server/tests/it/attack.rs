@@ -480,14 +480,7 @@ async fn below_the_free_disk_floor_writes_are_refused_and_reads_keep_working() {
     assert_eq!(r.headers()["retry-after"], "60");
     assert_eq!(r.json::<Value>().await.expect("json")["error"], "disk_full");
     not_ready_because(&http, &server, "disk").await;
-    let metrics = http
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = server.text("/metrics").await;
     assert!(
         metrics.contains(r#"tally_refused_total{reason="disk_full"} 1"#),
         "{metrics}"

@@ -127,14 +127,7 @@ async fn a_redis_that_does_not_answer_never_costs_a_hit() {
             .expect("text")
             .contains("redis unavailable")
     );
-    let metrics = http
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = server.text("/metrics").await;
     assert!(
         metrics.contains("tally_redis_fallback_active 1"),
         "{metrics}"

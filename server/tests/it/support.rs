@@ -304,6 +304,18 @@ impl Binary {
         format!("{}{path}", self.base)
     }
 
+    /// The body of `GET path` as text (e.g. `/metrics`).
+    pub async fn text(&self, path: &str) -> String {
+        client()
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("request")
+            .text()
+            .await
+            .expect("text")
+    }
+
     /// A `/proc/<pid>/status` value in KiB (`VmRSS`, `VmHWM`).
     pub fn proc_kib(&self, field: &str) -> u64 {
         let pid = self.child.id().expect("running");

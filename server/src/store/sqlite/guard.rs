@@ -103,7 +103,8 @@ impl FileGuard {
     /// long. SQLite never shrinks it while a connection is open; one truncated under the running
     /// store (by hand, or a tool run as another user) would kill the process with SIGBUS at the
     /// next access beyond its new end, and one deleted or replaced would let another process
-    /// build a second, diverging index of the WAL. Checked before every read and commit, so
+    /// build a second, diverging index of the WAL. Checked once at the start of every read and
+    /// write (`SqliteStore::read`/`write`; one `stat`, not repeated inside them), so
     /// such damage turns into 503 answers and a log line telling to restart, instead of a
     /// silent crash (a damage landing between this check and SQLite's access still crashes).
     pub(super) fn check_shm(&self) -> Result<(), StoreError> {
@@ -152,7 +153,6 @@ impl FileGuard {
     }
 
     pub(super) fn check_file(&self) -> Result<(), StoreError> {
-        self.check_shm()?;
         match std::fs::metadata(&self.path) {
             Ok(meta) if (meta.dev(), meta.ino()) == self.identity => Ok(()),
             Ok(_) => Err(StoreError::FileLost(format!(
