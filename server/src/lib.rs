@@ -36,7 +36,7 @@ use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::{SqliteStore, StoreOptions};
-use crate::store::{EventSink, Maintenance, Retention, Store};
+use crate::store::{EventSink, Maintenance, Retention, SaltStore, Store};
 
 /// Open the configured store: the SQLite file, or the PostgreSQL database of a
 /// `postgres://` URL (see [`Database`]).
@@ -124,6 +124,16 @@ pub async fn run(
         secret,
         shared,
     );
+    // Logouts taken before this start, or by another collector of the database.
+    match store.sessions_not_before().await {
+        Ok(at) => state.auth.learn_logout(at),
+        Err(e) => tracing::warn!(error = %e, "reading the last admin logout failed; will retry"),
+    }
+    let sessions = tokio::spawn(session_loop(
+        store.clone(),
+        Arc::clone(&state.auth),
+        stop_tx.subscribe(),
+    ));
     let tally = Arc::clone(&state.filtered);
     let flusher = tokio::spawn(flush_loop(
         store.clone(),
@@ -137,6 +147,7 @@ pub async fn run(
     let _ = stop_tx.send(true);
     let _ = pruner.await;
     let _ = flusher.await;
+    let _ = sessions.await;
     // No handler runs any more: the last views not counted go to the store.
     flush_filtered(store.as_ref(), &tally).await;
     writer.await?;
@@ -170,6 +181,26 @@ async fn flush_filtered(store: &dyn EventSink, tally: &std::sync::Mutex<FilterTa
         tracing::warn!(error = %e, "storing the tallies of views not counted failed; will retry");
         if let Ok(mut t) = tally.lock() {
             t.restore(rows);
+        }
+    }
+}
+
+/// Learn logouts taken by other collectors of the database every [`http::auth::SESSION_REFRESH`].
+async fn session_loop(
+    store: Arc<dyn SaltStore>,
+    auth: Arc<http::auth::Auth>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(http::auth::SESSION_REFRESH) => {}
+        }
+        match store.sessions_not_before().await {
+            Ok(at) => auth.learn_logout(at),
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the last admin logout failed; will retry")
+            }
         }
     }
 }

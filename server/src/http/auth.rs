@@ -6,8 +6,10 @@
 //!   length leak).
 //! - The session cookie (`tally_admin`) holds a [`SessionKey`] value: signed with a key derived
 //!   from the admin token and the server secret, timestamped, valid for `--session-hours`
-//!   (default 12) and never after a logout made with a valid session (logout ends every session
-//!   of this collector issued before it; a restart forgets that, the expiry still holds).
+//!   (default 12) and never after a logout made with a valid session: a logout ends every
+//!   session issued before it, on every collector of the database, and a restart keeps it
+//!   (the instant is stored: [`crate::store::SaltStore::end_sessions`]). The collector that
+//!   takes the logout ends them at once; the others learn it within [`SESSION_REFRESH`].
 //! - Failed guesses are throttled per client network (IPv4 /32, IPv6 /64), whatever token was
 //!   guessed (admin token by form or bearer, metrics token, a site's ingest key): 10 failures a
 //!   minute, then one every 6 s. A throttled network is refused before its guess is compared
@@ -36,6 +38,10 @@ pub const FAILURES_PER_MINUTE: u32 = 10;
 
 /// Networks the throttle remembers at most.
 pub const MAX_KEYS: usize = 100_000;
+
+/// How often a collector reads the last logout from the store (a logout taken by another
+/// collector ends this one's sessions within this bound).
+pub const SESSION_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A network that must wait before its next guess.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,14 +185,21 @@ impl Auth {
         }))
     }
 
-    /// End every session issued until now, if the request holds a valid one (so a stranger
-    /// cannot sign the admin out). Returns whether it did.
+    /// End every session of this collector issued until now, if the request holds a valid
+    /// one (so a stranger cannot sign the admin out). Returns whether it did; the caller then
+    /// stores the instant for the other collectors and restarts ([`Auth::learn_logout`]).
     pub fn logout(&self, headers: &HeaderMap, now_ms: i64) -> bool {
         if self.session_of(headers, now_ms).is_none() {
             return false;
         }
-        self.not_before_ms.fetch_max(now_ms, Ordering::Relaxed);
+        self.learn_logout(now_ms);
         true
+    }
+
+    /// A logout at `at_ms` taken elsewhere (another collector, or before a restart): sessions
+    /// issued at or before it are over. The instant never moves back.
+    pub fn learn_logout(&self, at_ms: i64) {
+        self.not_before_ms.fetch_max(at_ms, Ordering::Relaxed);
     }
 
     /// Whether `/metrics` may be read: no metrics token configured, or its bearer given.

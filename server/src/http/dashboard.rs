@@ -850,17 +850,20 @@ async fn login(
     }
 }
 
-/// End the session (and every older one of this collector), clear the cookie, and go back to
-/// the site's dashboard.
+/// End the session (and every older one, on every collector of the database), clear the
+/// cookie, and go back to the site's dashboard. When the store cannot keep the logout, this
+/// collector has ended the sessions but the others have not: a 503 says so.
 async fn logout(
     State(state): State<AppState>,
     SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = super::site_id(&raw)?;
-    state
-        .auth
-        .logout(&headers, state.clock.now().as_millisecond());
+    let now_ms = state.clock.now().as_millisecond();
+    if state.auth.logout(&headers, now_ms) {
+        let stored = state.store.end_sessions(now_ms).await?;
+        state.auth.learn_logout(stored);
+    }
     let mut r = see_other(&format!("/dashboard/{id}"));
     if let Some(v) = session_cookie("", 0) {
         r.headers_mut().insert(header::SET_COOKIE, v);

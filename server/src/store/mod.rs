@@ -331,13 +331,22 @@ pub trait SiteStore: Send + Sync {
     ) -> Result<(), StoreError>;
 }
 
-/// The daily secret salts of visitor hashes (shared by every collector on one database).
+/// Secret state kept in the database, shared by every collector on it: the daily salts of
+/// visitor hashes, and the instant of the last admin logout.
 #[async_trait]
 pub trait SaltStore: Send + Sync {
     /// The secret salt of `day`: the stored one, or `fresh` stored now (the first writer wins,
     /// so collectors racing on a new day all get the same salt). Salts of days before
     /// `day - 2` are deleted, so older hashes can never be recomputed.
     async fn salt_for(&self, day: Date, fresh: [u8; 32]) -> Result<[u8; 32], StoreError>;
+
+    /// A logout at `at_ms`: every admin session issued at or before it is over. Stores the
+    /// later of `at_ms` and the instant already stored (it never moves back) and returns the
+    /// stored one. Kept across restarts, seen by every collector on the database.
+    async fn end_sessions(&self, at_ms: i64) -> Result<i64, StoreError>;
+
+    /// The instant of the last logout (ms since 1970), `i64::MIN` when there was none.
+    async fn sessions_not_before(&self) -> Result<i64, StoreError>;
 }
 
 /// Operator jobs: recount, retention, health.

@@ -23,6 +23,7 @@ mod openapi;
 mod overload;
 mod privacy;
 mod redis_shared;
+mod sessions;
 mod shared_conformance;
 mod store_conformance;
 mod store_migration;

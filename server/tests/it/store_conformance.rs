@@ -258,6 +258,22 @@ async fn salts_are_stable_per_day_and_forgotten(db: &impl Harness) {
     assert_eq!(store.salt_for(d1, [4; 32]).await.expect("salt"), [4; 32]);
 }
 
+async fn logouts_are_kept_shared_and_never_move_back(db: &impl Harness) {
+    let a = db.handle(DEFAULT_CAP);
+    assert_eq!(a.sessions_not_before().await.expect("read"), i64::MIN);
+    assert_eq!(a.end_sessions(1_000).await.expect("logout"), 1_000);
+    assert_eq!(
+        a.end_sessions(500).await.expect("logout"),
+        1_000,
+        "never back"
+    );
+    // Another handle (another collector, or after a restart) sees it and moves it on.
+    let b = db.handle(DEFAULT_CAP);
+    assert_eq!(b.sessions_not_before().await.expect("read"), 1_000);
+    assert_eq!(b.end_sessions(2_000).await.expect("logout"), 2_000);
+    assert_eq!(a.sessions_not_before().await.expect("read"), 2_000);
+}
+
 async fn prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify(db: &impl Harness) {
     let store = db.handle(DEFAULT_CAP);
     let d = date(2026, 4, 1);
@@ -1061,6 +1077,7 @@ macro_rules! backends {
                 ingest_key_is_kept_by_put_site,
                 set_base_replaces_carried_over_numbers,
                 salts_are_stable_per_day_and_forgotten,
+                logouts_are_kept_shared_and_never_move_back,
                 prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify,
                 prune_each_kind_keeps_verify_clean,
                 range_visitors_are_exact_at_100k,

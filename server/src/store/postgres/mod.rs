@@ -431,7 +431,39 @@ impl SaltStore for PgStore {
         salt.try_into()
             .map_err(|_| StoreError::Invalid("salt is not 32 bytes".into()))
     }
+
+    async fn end_sessions(&self, at_ms: i64) -> Result<i64, StoreError> {
+        retry("end sessions", || async {
+            let client = self.client().await?;
+            let row = client
+                .query_one(
+                    "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) \
+                     DO UPDATE SET value = GREATEST(meta.value, excluded.value) RETURNING value",
+                    &[&SESSIONS_NOT_BEFORE, &at_ms],
+                )
+                .await?;
+            Ok(row.get::<_, i64>(0))
+        })
+        .await
+    }
+
+    async fn sessions_not_before(&self) -> Result<i64, StoreError> {
+        retry("read the last logout", || async {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT value FROM meta WHERE key = $1",
+                    &[&SESSIONS_NOT_BEFORE],
+                )
+                .await?;
+            Ok(row.map_or(i64::MIN, |r| r.get::<_, i64>(0)))
+        })
+        .await
+    }
 }
+
+/// The `meta` key of the last admin logout (ms since 1970).
+const SESSIONS_NOT_BEFORE: &str = "sessions_not_before_ms";
 
 #[async_trait]
 impl Maintenance for PgStore {

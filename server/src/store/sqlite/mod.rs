@@ -600,7 +600,45 @@ impl SaltStore for SqliteStore {
         })
         .await
     }
+
+    async fn end_sessions(&self, at_ms: i64) -> Result<i64, StoreError> {
+        self.write(move |w| {
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2) \
+                 ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+                params![SESSIONS_NOT_BEFORE, at_ms],
+            )?;
+            let stored: i64 = tx.query_row(
+                "SELECT value FROM meta WHERE key = ?1",
+                [SESSIONS_NOT_BEFORE],
+                |r| r.get(0),
+            )?;
+            tx.commit()?;
+            Ok(stored)
+        })
+        .await
+    }
+
+    async fn sessions_not_before(&self) -> Result<i64, StoreError> {
+        self.read(|conn| {
+            Ok(conn
+                .query_row(
+                    "SELECT value FROM meta WHERE key = ?1",
+                    [SESSIONS_NOT_BEFORE],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .unwrap_or(i64::MIN))
+        })
+        .await
+    }
 }
+
+/// The `meta` key of the last admin logout (ms since 1970).
+const SESSIONS_NOT_BEFORE: &str = "sessions_not_before_ms";
 
 #[async_trait]
 impl Maintenance for SqliteStore {
