@@ -12,6 +12,9 @@
 //!   many readers from few addresses; they get their own buckets, `proxy_factor` times larger.
 //!   A client that claims to be a proxy gains only that separate, still bounded allowance.
 //! - New sites (`--auto-sites`) are limited per network per hour.
+//! - Wrong token guesses (admin and metrics tokens, ingest keys) are limited per network:
+//!   [`GUESSES_PER_MINUTE`], then one every 6 s; a network out of guesses is refused before
+//!   its guess is compared (see `http::auth`).
 //! - Requests from a site's own server with its ingest key never come here (their own lane).
 //! - State is in memory, keyed by a process-random hash (no address is stored), each map
 //!   bounded ([`MAX_KEYS`], see `core::gcra`). Time comes from the app's clock.
@@ -33,6 +36,10 @@ use crate::shared::RateLimiter;
 
 /// Keys each limiter remembers at most (about 40 bytes each).
 pub const MAX_KEYS: usize = 200_000;
+
+/// Wrong token guesses (admin, metrics, ingest keys) one network may make per minute, also the
+/// burst; after them one every 6 s (see `http::auth`).
+pub const GUESSES_PER_MINUTE: u32 = 10;
 
 /// Limit settings (from `ServeConfig`); 0 turns a quota off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +83,8 @@ pub struct Limits {
     direct: LaneBuckets,
     proxy: LaneBuckets,
     new_sites: Option<Bucket>,
+    /// Wrong token guesses per network.
+    guesses: Option<Bucket>,
     /// Keys buckets for this process only.
     hasher: std::collections::hash_map::RandomState,
 }
@@ -116,6 +125,7 @@ impl Limits {
                 config.new_sites_per_hour,
                 config.new_sites_per_hour,
             )),
+            guesses: Bucket::new(Quota::per_minute(GUESSES_PER_MINUTE)),
             hasher: std::collections::hash_map::RandomState::new(),
         }
     }
@@ -211,6 +221,34 @@ impl Limits {
         refusal(verdict).map_or(Ok(()), Err)
     }
 
+    /// Whether `net` may guess a token now (it has wrong guesses left). Charges nothing.
+    pub fn may_guess(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
+        let Some(bucket) = &self.guesses else {
+            return Ok(());
+        };
+        let verdict = bucket
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .check(self.hasher.hash_one(("guess", net)), 1, micros(now));
+        refusal(verdict).map_or(Ok(()), Err)
+    }
+
+    /// Charge one wrong guess to `net`.
+    pub fn wrong_guess(&self, net: ClientNet, now: Timestamp) {
+        let Some(bucket) = &self.guesses else {
+            return;
+        };
+        let key = self.hasher.hash_one(("guess", net));
+        let mut gcra = bucket
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Verdict::Admit { tat_us } = gcra.check(key, 1, micros(now)) {
+            gcra.commit(key, tat_us);
+        }
+    }
+
     /// Admit the creation of one new site by `net`.
     pub fn admit_new_site(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
         let Some(bucket) = &self.new_sites else {
@@ -248,6 +286,14 @@ impl RateLimiter for Limits {
 
     async fn admit_new_site(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
         Limits::admit_new_site(self, net, now)
+    }
+
+    async fn may_guess(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
+        Limits::may_guess(self, net, now)
+    }
+
+    async fn wrong_guess(&self, net: ClientNet, now: Timestamp) {
+        Limits::wrong_guess(self, net, now);
     }
 }
 

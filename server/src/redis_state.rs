@@ -36,7 +36,7 @@ use crate::core::gcra::Quota;
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::LiveNumbers;
 use crate::core::net::ClientNet;
-use crate::limits::{LimitConfig, Limits, Refusal, scaled};
+use crate::limits::{GUESSES_PER_MINUTE, LimitConfig, Limits, Refusal, scaled};
 use crate::shared::{
     LiveState, MemoryLive, MemoryRepeatGate, MemorySiteCache, RateLimiter, RepeatGate, SiteCache,
 };
@@ -400,6 +400,7 @@ pub struct RedisLimiter {
     direct: (Option<Quota>, Option<Quota>),
     proxy: (Option<Quota>, Option<Quota>),
     new_sites: Option<Quota>,
+    guesses: Option<Quota>,
     script: redis::Script,
     fallback: Limits,
 }
@@ -418,6 +419,7 @@ impl RedisLimiter {
                 scaled(config.per_address_per_minute, config.proxy_factor),
             ),
             new_sites: Quota::per_hour(config.new_sites_per_hour, config.new_sites_per_hour),
+            guesses: Quota::per_minute(GUESSES_PER_MINUTE),
             script: redis::Script::new(GCRA_LUA),
             fallback: Limits::new(config),
         }
@@ -443,6 +445,19 @@ impl RedisLimiter {
             Lane::Direct => self.direct,
             Lane::Proxy => self.proxy,
         }
+    }
+
+    /// The one charge of a token guess by `net` (none when guesses are unlimited).
+    fn guess_charge(&self, net: ClientNet) -> Vec<Charge> {
+        let tag = self.net_tag(net);
+        self.guesses
+            .map(|quota| Charge {
+                key: self.link.key(format_args!("lim:{{{tag}}}:guess")),
+                quota,
+                cells: 1,
+            })
+            .into_iter()
+            .collect()
     }
 
     /// Run the script; `None` when Redis did not answer.
@@ -553,6 +568,19 @@ impl RateLimiter for RedisLimiter {
         match self.gcra(charges, now, true).await {
             Some(verdict) => verdict,
             None => self.fallback.admit_new_site(net, now),
+        }
+    }
+
+    async fn may_guess(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
+        match self.gcra(self.guess_charge(net), now, false).await {
+            Some(verdict) => verdict,
+            None => self.fallback.may_guess(net, now),
+        }
+    }
+
+    async fn wrong_guess(&self, net: ClientNet, now: Timestamp) {
+        if self.gcra(self.guess_charge(net), now, true).await.is_none() {
+            self.fallback.wrong_guess(net, now);
         }
     }
 }

@@ -145,6 +145,10 @@ pub trait RateLimiter: Send + Sync {
     async fn has_room(&self, lane: Lane, net: ClientNet, now: Timestamp) -> Result<(), Refusal>;
     /// Admit (and charge) the creation of one new site by `net`.
     async fn admit_new_site(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal>;
+    /// Whether `net` may guess a token now (wrong guesses left). Charges nothing.
+    async fn may_guess(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal>;
+    /// Charge one wrong token guess to `net`.
+    async fn wrong_guess(&self, net: ClientNet, now: Timestamp);
 
     /// Admit `n` records of `net` for one site.
     async fn admit(

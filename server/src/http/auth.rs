@@ -15,29 +15,27 @@
 //!   minute, then one every 6 s. A throttled network is refused before its guess is compared
 //!   (429 with `Retry-After`). Successes and anonymous requests cost nothing, and an expired or
 //!   forged cookie is not a guess (a 256-bit MAC cannot be guessed).
-//! - The throttle's memory is bounded (a `KeyedGcra` of at most [`MAX_KEYS`] networks, keyed by
-//!   a process-random hash: no address is kept).
+//! - The throttle is the collector's [`RateLimiter`] (`may_guess`, `wrong_guess`): in process
+//!   (bounded, keyed by a process-random hash: no address is kept), or shared by every
+//!   collector on one Redis (`--redis`), so N collectors still allow one network 10 a minute.
 
-use std::hash::BuildHasher;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use axum::http::{HeaderMap, header};
 
 use crate::config::ServeConfig;
-use crate::core::gcra::{KeyedGcra, Quota, Verdict};
 use crate::core::net::ClientNet;
 use crate::core::session::SessionKey;
+use crate::limits::Refusal;
 use crate::secrets::{Secret, ServerSecret};
+use crate::shared::RateLimiter;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "tally_admin";
 
 /// Failed token guesses one network may make per minute (also the burst).
-pub const FAILURES_PER_MINUTE: u32 = 10;
-
-/// Networks the throttle remembers at most.
-pub const MAX_KEYS: usize = 100_000;
+pub const FAILURES_PER_MINUTE: u32 = crate::limits::GUESSES_PER_MINUTE;
 
 /// How often a collector reads the last logout from the store (a logout taken by another
 /// collector ends this one's sessions within this bound).
@@ -58,28 +56,26 @@ pub struct Auth {
     lifetime_ms: i64,
     /// Sessions issued at or before this instant (ms) are over (the last logout).
     not_before_ms: AtomicI64,
-    failures: Mutex<KeyedGcra>,
-    hasher: std::collections::hash_map::RandomState,
+    /// Counts wrong guesses per network (shared through Redis with `--redis`).
+    limits: Arc<dyn RateLimiter>,
 }
 
 impl Auth {
-    /// Credentials as configured; the session key is derived from the token and `secret`.
-    pub fn new(config: &ServeConfig, secret: &ServerSecret) -> Self {
+    /// Credentials as configured; the session key is derived from the token and `secret`;
+    /// wrong guesses are counted by `limits`.
+    pub fn new(config: &ServeConfig, secret: &ServerSecret, limits: Arc<dyn RateLimiter>) -> Self {
         let session = config.admin_token.as_ref().map(|t| {
             SessionKey::new(
                 secret.derive_key("tally 2026-12 admin session v1", t.expose().as_bytes()),
             )
         });
-        let quota = Quota::per_minute(FAILURES_PER_MINUTE)
-            .unwrap_or_else(|| unreachable!("a non-zero rate"));
         Self {
             token: config.admin_token.clone(),
             metrics_token: config.metrics_token.clone(),
             session,
             lifetime_ms: i64::try_from(config.session_lifetime.as_millis()).unwrap_or(i64::MAX),
             not_before_ms: AtomicI64::new(i64::MIN),
-            failures: Mutex::new(KeyedGcra::new(quota, MAX_KEYS)),
-            hasher: std::collections::hash_map::RandomState::new(),
+            limits,
         }
     }
 
@@ -93,49 +89,38 @@ impl Auth {
         self.token.is_some()
     }
 
-    fn key(&self, net: ClientNet) -> u64 {
-        self.hasher.hash_one(net.to_bytes())
-    }
-
     /// Refuse a network that has used up its failed guesses, before its guess is compared.
-    pub fn before_guess(&self, net: ClientNet, now_us: i64) -> Result<(), Throttled> {
-        let Ok(mut failures) = self.failures.lock() else {
-            return Ok(());
-        };
-        match failures.check(self.key(net), 1, now_us) {
-            Verdict::Admit { .. } => Ok(()),
-            Verdict::Wait { us } => Err(Throttled {
-                retry_after: u64::try_from((us + 999_999) / 1_000_000)
-                    .unwrap_or(1)
-                    .max(1),
-            }),
-            Verdict::Never { .. } | Verdict::Full => Err(Throttled { retry_after: 1 }),
-        }
+    pub async fn before_guess(&self, net: ClientNet, now_us: i64) -> Result<(), Throttled> {
+        self.limits
+            .may_guess(net, timestamp(now_us))
+            .await
+            .map_err(|refusal| Throttled {
+                retry_after: match refusal {
+                    Refusal::Wait(wait) => wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+                    Refusal::Never { .. } => 1,
+                }
+                .max(1),
+            })
     }
 
     /// Charge one failed guess to `net`.
-    pub fn failed_guess(&self, net: ClientNet, now_us: i64) {
-        if let Ok(mut failures) = self.failures.lock() {
-            let key = self.key(net);
-            if let Verdict::Admit { tat_us } = failures.check(key, 1, now_us) {
-                failures.commit(key, tat_us);
-            }
-        }
+    pub async fn failed_guess(&self, net: ClientNet, now_us: i64) {
+        self.limits.wrong_guess(net, timestamp(now_us)).await;
     }
 
     /// Compare a guess at `secret`, throttled: `Ok(true)` when it matches.
-    fn guess(
+    async fn guess(
         &self,
         secret: &Secret,
         given: &str,
         net: ClientNet,
         now_us: i64,
     ) -> Result<bool, Throttled> {
-        self.before_guess(net, now_us)?;
+        self.before_guess(net, now_us).await?;
         if secret.matches(given) {
             return Ok(true);
         }
-        self.failed_guess(net, now_us);
+        self.failed_guess(net, now_us).await;
         Ok(false)
     }
 
@@ -149,7 +134,7 @@ impl Auth {
 
     /// Whether the request is the admin's: a valid session cookie, or `Authorization: Bearer`
     /// with the admin token (a wrong one is a throttled guess).
-    pub fn is_admin(
+    pub async fn is_admin(
         &self,
         headers: &HeaderMap,
         net: ClientNet,
@@ -162,13 +147,16 @@ impl Auth {
             return Ok(true);
         }
         match bearer(headers) {
-            Some(given) => self.guess(token, given, net, now_ms.saturating_mul(1000)),
+            Some(given) => {
+                self.guess(token, given, net, now_ms.saturating_mul(1000))
+                    .await
+            }
             None => Ok(false),
         }
     }
 
     /// A sign-in with the token typed into the form: a new session value when it is right.
-    pub fn login(
+    pub async fn login(
         &self,
         given: &str,
         net: ClientNet,
@@ -177,7 +165,9 @@ impl Auth {
         let (Some(token), Some(key)) = (&self.token, &self.session) else {
             return Ok(None);
         };
-        let ok = self.guess(token, given.trim(), net, now_ms.saturating_mul(1000))?;
+        let ok = self
+            .guess(token, given.trim(), net, now_ms.saturating_mul(1000))
+            .await?;
         Ok(ok.then(|| {
             // Issued strictly after the last logout, even within the same millisecond.
             let not_before = self.not_before_ms.load(Ordering::Relaxed);
@@ -203,7 +193,7 @@ impl Auth {
     }
 
     /// Whether `/metrics` may be read: no metrics token configured, or its bearer given.
-    pub fn may_read_metrics(
+    pub async fn may_read_metrics(
         &self,
         headers: &HeaderMap,
         net: ClientNet,
@@ -213,10 +203,19 @@ impl Auth {
             return Ok(true);
         };
         match bearer(headers) {
-            Some(given) => self.guess(token, given, net, now_us),
+            Some(given) => self.guess(token, given, net, now_us).await,
             None => Ok(false),
         }
     }
+}
+
+/// `us` microseconds since 1970 as a timestamp (out of range: the nearest end).
+fn timestamp(us: i64) -> jiff::Timestamp {
+    jiff::Timestamp::from_microsecond(us).unwrap_or(if us < 0 {
+        jiff::Timestamp::MIN
+    } else {
+        jiff::Timestamp::MAX
+    })
 }
 
 /// The `Authorization: Bearer` value.
@@ -250,11 +249,15 @@ mod tests {
     const TOKEN: &str = "a-long-admin-token-0123";
     const T0: i64 = 1_780_000_000_000;
 
+    fn limits(config: &ServeConfig) -> Arc<dyn RateLimiter> {
+        Arc::new(crate::limits::Limits::new(config.limits()))
+    }
+
     fn auth() -> Auth {
         let mut config = ServeConfig::for_db("/tmp/unused.sqlite");
         config.admin_token = Some(TOKEN.into());
         config.metrics_token = Some("metrics-token-0123456".into());
-        Auth::new(&config, &ServerSecret::from_bytes([1; 32]))
+        Auth::new(&config, &ServerSecret::from_bytes([1; 32]), limits(&config))
     }
 
     fn net(last: u8) -> ClientNet {
@@ -279,92 +282,113 @@ mod tests {
         h
     }
 
-    #[test]
-    fn a_login_gives_a_session_that_expires_and_ends_at_logout() {
+    #[tokio::test]
+    async fn a_login_gives_a_session_that_expires_and_ends_at_logout() {
         let a = auth();
         let cookie = a
             .login(TOKEN, net(1), T0)
+            .await
             .expect("not throttled")
             .expect("right");
         assert!(!cookie.contains(TOKEN));
         let h = with_cookie(&cookie);
-        assert_eq!(a.is_admin(&h, net(1), T0 + 1000), Ok(true));
+        assert_eq!(a.is_admin(&h, net(1), T0 + 1000).await, Ok(true));
         // Another network may use the cookie (it is the credential).
-        assert_eq!(a.is_admin(&h, net(2), T0 + 1000), Ok(true));
+        assert_eq!(a.is_admin(&h, net(2), T0 + 1000).await, Ok(true));
         let twelve_hours = 12 * 3_600_000;
-        assert_eq!(a.is_admin(&h, net(1), T0 + twelve_hours), Ok(false));
+        assert_eq!(a.is_admin(&h, net(1), T0 + twelve_hours).await, Ok(false));
         // Logout needs a valid session, and ends it (and every older one).
         assert!(!a.logout(&HeaderMap::new(), T0 + 2000));
         assert!(a.logout(&h, T0 + 2000));
-        assert_eq!(a.is_admin(&h, net(1), T0 + 3000), Ok(false));
+        assert_eq!(a.is_admin(&h, net(1), T0 + 3000).await, Ok(false));
         // A session made after the logout works, even in the same millisecond.
         let again = a
             .login(TOKEN, net(1), T0 + 2000)
+            .await
             .expect("ok")
             .expect("right");
         assert_eq!(
-            a.is_admin(&with_cookie(&again), net(1), T0 + 2000),
+            a.is_admin(&with_cookie(&again), net(1), T0 + 2000).await,
             Ok(true)
         );
     }
 
-    #[test]
-    fn the_session_depends_on_the_token_and_the_server_secret() {
+    #[tokio::test]
+    async fn the_session_depends_on_the_token_and_the_server_secret() {
         let a = auth();
-        let cookie = a.login(TOKEN, net(1), T0).expect("ok").expect("right");
+        let cookie = a
+            .login(TOKEN, net(1), T0)
+            .await
+            .expect("ok")
+            .expect("right");
         let mut config = ServeConfig::for_db("/tmp/unused.sqlite");
         config.admin_token = Some(TOKEN.into());
-        let other_secret = Auth::new(&config, &ServerSecret::from_bytes([2; 32]));
+        let other_secret = Auth::new(&config, &ServerSecret::from_bytes([2; 32]), limits(&config));
         assert_eq!(
-            other_secret.is_admin(&with_cookie(&cookie), net(1), T0),
+            other_secret
+                .is_admin(&with_cookie(&cookie), net(1), T0)
+                .await,
             Ok(false)
         );
         config.admin_token = Some("another-admin-token-456".into());
-        let other_token = Auth::new(&config, &ServerSecret::from_bytes([1; 32]));
+        let other_token = Auth::new(&config, &ServerSecret::from_bytes([1; 32]), limits(&config));
         assert_eq!(
-            other_token.is_admin(&with_cookie(&cookie), net(1), T0),
+            other_token
+                .is_admin(&with_cookie(&cookie), net(1), T0)
+                .await,
             Ok(false)
         );
     }
 
-    #[test]
-    fn wrong_guesses_are_throttled_per_network() {
+    #[tokio::test]
+    async fn wrong_guesses_are_throttled_per_network() {
         let a = auth();
         for i in 0..FAILURES_PER_MINUTE {
             assert_eq!(
-                a.login("wrong-guess-0000000", net(1), T0),
+                a.login("wrong-guess-0000000", net(1), T0).await,
                 Ok(None),
                 "guess {i}"
             );
         }
         // Throttled now, even with the right token: it is not compared.
-        let throttled = a.login(TOKEN, net(1), T0).expect_err("throttled");
+        let throttled = a.login(TOKEN, net(1), T0).await.expect_err("throttled");
         assert!((1..=6).contains(&throttled.retry_after), "{throttled:?}");
-        assert!(a.is_admin(&with_bearer("wrong"), net(1), T0).is_err());
+        assert!(a.is_admin(&with_bearer("wrong"), net(1), T0).await.is_err());
         assert!(
             a.may_read_metrics(&with_bearer("x"), net(1), T0 * 1000)
+                .await
                 .is_err()
         );
         // Other networks are not affected; the network recovers with time.
-        assert!(matches!(a.login(TOKEN, net(2), T0), Ok(Some(_))));
-        assert!(matches!(a.login(TOKEN, net(1), T0 + 6_000), Ok(Some(_))));
+        assert!(matches!(a.login(TOKEN, net(2), T0).await, Ok(Some(_))));
+        assert!(matches!(
+            a.login(TOKEN, net(1), T0 + 6_000).await,
+            Ok(Some(_))
+        ));
     }
 
-    #[test]
-    fn bearer_tokens_and_metrics() {
+    #[tokio::test]
+    async fn bearer_tokens_and_metrics() {
         let a = auth();
-        assert_eq!(a.is_admin(&with_bearer(TOKEN), net(1), T0), Ok(true));
-        assert_eq!(a.is_admin(&with_bearer("nope"), net(1), T0), Ok(false));
-        assert_eq!(a.is_admin(&HeaderMap::new(), net(1), T0), Ok(false));
-        let us = T0 * 1000;
-        assert_eq!(a.may_read_metrics(&HeaderMap::new(), net(1), us), Ok(false));
+        assert_eq!(a.is_admin(&with_bearer(TOKEN), net(1), T0).await, Ok(true));
         assert_eq!(
-            a.may_read_metrics(&with_bearer("metrics-token-0123456"), net(1), us),
+            a.is_admin(&with_bearer("nope"), net(1), T0).await,
+            Ok(false)
+        );
+        assert_eq!(a.is_admin(&HeaderMap::new(), net(1), T0).await, Ok(false));
+        let us = T0 * 1000;
+        assert_eq!(
+            a.may_read_metrics(&HeaderMap::new(), net(1), us).await,
+            Ok(false)
+        );
+        assert_eq!(
+            a.may_read_metrics(&with_bearer("metrics-token-0123456"), net(1), us)
+                .await,
             Ok(true)
         );
         // The admin token is not the metrics token.
         assert_eq!(
-            a.may_read_metrics(&with_bearer(TOKEN), net(1), us),
+            a.may_read_metrics(&with_bearer(TOKEN), net(1), us).await,
             Ok(false)
         );
     }

@@ -146,7 +146,7 @@ async fn authorised(
         crate::sites::SiteError::Unknown(_) => ApiError::NotFound(format!("no site {raw:?}")),
         other => other.into(),
     })?;
-    let admin = state.is_admin(peer, headers);
+    let admin = state.is_admin(peer, headers).await;
     if site.public {
         // A throttled guesser still sees what is public.
         return Ok(((*site).clone(), admin.unwrap_or(false)));
@@ -837,7 +837,7 @@ async fn login(
     let id = super::site_id(&raw)?;
     let net = state.client_net(peer, &headers);
     let now_ms = state.clock.now().as_millisecond();
-    match state.auth.login(&form.token, net, now_ms) {
+    match state.auth.login(&form.token, net, now_ms).await {
         Err(throttled) => Ok(login_page(raw, false, Some(throttled.retry_after))),
         Ok(None) => Ok(login_page(raw, true, None)),
         Ok(Some(value)) => {

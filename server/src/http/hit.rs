@@ -164,7 +164,10 @@ async fn check(
         .await?;
     let keyed = sender.has_key_of(&site);
     if sender.bearer.is_some() && !keyed {
-        state.auth.failed_guess(sender.net, now.as_microsecond());
+        state
+            .auth
+            .failed_guess(sender.net, now.as_microsecond())
+            .await;
         return Err(ApiError::InvalidIngestKey {
             site: site.id.to_string(),
         });
@@ -273,6 +276,7 @@ async fn precheck(
         state
             .auth
             .before_guess(sender.net, now.as_microsecond())
+            .await
             .map_err(|t| ApiError::RateLimited {
                 retry_after: t.retry_after,
             })?;

@@ -152,7 +152,7 @@ impl AppState {
                 Arc::clone(&limits),
             )),
             hasher: Arc::new(SourceHasher::new(store.clone(), secret.clone())),
-            auth: Arc::new(auth::Auth::new(&config, &secret)),
+            auth: Arc::new(auth::Auth::new(&config, &secret, Arc::clone(&limits))),
             live,
             redis,
             stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
@@ -278,10 +278,11 @@ impl AppState {
 
     /// Whether the request is the admin's (session cookie or bearer token); a wrong bearer
     /// token is a guess, throttled per client network (429).
-    pub fn is_admin(&self, peer: SocketAddr, headers: &HeaderMap) -> Result<bool, ApiError> {
+    pub async fn is_admin(&self, peer: SocketAddr, headers: &HeaderMap) -> Result<bool, ApiError> {
         let net = self.client_net(peer, headers);
         self.auth
             .is_admin(headers, net, self.clock.now().as_millisecond())
+            .await
             .map_err(|t| ApiError::RateLimited {
                 retry_after: t.retry_after,
             })

@@ -122,6 +122,7 @@ async fn metrics(
     let allowed = state
         .auth
         .may_read_metrics(&headers, net, state.clock.now().as_microsecond())
+        .await
         .map_err(|t| ApiError::RateLimited {
             retry_after: t.retry_after,
         })?;

@@ -15,7 +15,7 @@ use tokio::process::Command;
 use tokio::sync::Mutex;
 
 use crate::store_conformance::postgres::Db;
-use crate::support::{Binary, client, event_id_at};
+use crate::support::{Binary, client, event_id_at, redis_cleanup, redis_url};
 
 const SECRET: &str = "a-shared-secret-of-the-three-collectors-0123";
 const CLIENTS: usize = 32;
@@ -113,13 +113,7 @@ async fn deliver(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_collectors_on_postgres_and_redis_count_exactly_through_a_kill() {
     let Some(db) = Db::new() else { return };
-    let Some(redis) = std::env::var("TALLY_TEST_REDIS")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        eprintln!("SKIPPED: set TALLY_TEST_REDIS (e.g. redis://127.0.0.1:6379); .ci/run sets it");
-        return;
-    };
+    let Some(redis) = redis_url() else { return };
     let url = db.url_in_schema();
     let prefix = format!("tally-test:{}:", uuid::Uuid::new_v4().simple());
     let status = Command::new(env!("CARGO_BIN_EXE_tally"))
@@ -278,16 +272,5 @@ async fn three_collectors_on_postgres_and_redis_count_exactly_through_a_kill() {
         "{text}"
     );
     // Clean up the Redis keys (the schema goes with `db`).
-    let redis_client = ::redis::Client::open(redis.as_str()).expect("redis url");
-    let mut conn = redis_client.get_connection().expect("redis");
-    let keys: Vec<String> = ::redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query(&mut conn)
-        .expect("keys");
-    if !keys.is_empty() {
-        let _: u64 = ::redis::cmd("DEL")
-            .arg(&keys)
-            .query(&mut conn)
-            .expect("del");
-    }
+    redis_cleanup(&redis, &prefix);
 }

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::support::{Binary, client, event_id_at};
+use crate::support::{Binary, client, event_id_at, redis_cleanup, redis_url};
 
 fn hit(visitor: &str) -> Value {
     json!({"site": "shared", "type": "pageview", "event_id": event_id_at(jiff::Timestamp::now()),
@@ -37,13 +37,7 @@ const V2: &str = "0b6f5f8e-7d0e-4a55-9d5e-6c1b8f0a1e02";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_collectors_share_the_live_window_and_the_limits_through_redis() {
-    let Some(url) = std::env::var("TALLY_TEST_REDIS")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        eprintln!("SKIPPED: set TALLY_TEST_REDIS (e.g. redis://127.0.0.1:6379); .ci/run sets it");
-        return;
-    };
+    let Some(url) = redis_url() else { return };
     let prefix = format!("tally-test:{}:", uuid::Uuid::new_v4().simple());
     let dir = tempfile::tempdir().expect("dir");
     let args = [
@@ -75,21 +69,10 @@ async fn two_collectors_share_the_live_window_and_the_limits_through_redis() {
     assert_eq!(post(&http, &b, &hit(V2)).await.status(), 429);
     a.stop().await;
     b.stop().await;
-    // Clean up this test's keys.
-    let client = ::redis::Client::open(url.as_str()).expect("url");
-    let mut conn = client.get_connection().expect("redis");
-    let keys: Vec<String> = ::redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query(&mut conn)
-        .expect("keys");
     assert!(
-        !keys.is_empty(),
+        redis_cleanup(&url, &prefix) > 0,
         "the collectors kept their shared state in Redis"
     );
-    let _: u64 = ::redis::cmd("DEL")
-        .arg(&keys)
-        .query(&mut conn)
-        .expect("del");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

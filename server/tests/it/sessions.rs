@@ -1,6 +1,7 @@
-//! Admin sessions outlive no logout: a logout is kept in the database, so it holds after a
-//! restart and on every collector of the database (real `tally serve` processes).
-//! The PostgreSQL test needs `TALLY_TEST_POSTGRES` (`.ci/run` sets it).
+//! The admin door of several collectors (real `tally serve` processes): a logout is kept in
+//! the database, so it holds after a restart and on every collector of the database; with
+//! `--redis`, wrong token guesses are counted once for all collectors.
+//! Needs `TALLY_TEST_POSTGRES` and `TALLY_TEST_REDIS` (`.ci/run` sets both).
 
 use std::time::{Duration, Instant};
 
@@ -8,7 +9,7 @@ use tally::http::auth::SESSION_REFRESH;
 use tokio::process::Command;
 
 use crate::store_conformance::postgres::Db;
-use crate::support::{Binary, UA};
+use crate::support::{Binary, UA, redis_cleanup, redis_url};
 
 const TOKEN: &str = "sessions-admin-token-0123";
 const SECRET: &str = "a-shared-secret-of-the-two-collectors-012345";
@@ -145,4 +146,49 @@ async fn a_logout_on_one_collector_ends_the_session_on_the_others() {
     assert_eq!(dashboard(&a, &fresh).await, 200);
     a.stop().await;
     b.stop().await;
+}
+
+#[tokio::test]
+async fn wrong_guesses_are_counted_once_for_every_collector_on_one_redis() {
+    let Some(redis) = redis_url() else { return };
+    let prefix = format!("tally-test:{}:", uuid::Uuid::new_v4().simple());
+    let args = [
+        "--admin-token",
+        TOKEN,
+        "--secret",
+        SECRET,
+        "--redis",
+        &redis,
+        "--redis-prefix",
+        &prefix,
+    ];
+    // Two collectors, each on its own database: only Redis is shared.
+    let mut collectors = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = dir.path().join("tally.sqlite");
+        add_private_site(db.to_str().expect("utf-8")).await;
+        collectors.push(Binary::start_on(dir, db, &args).await);
+    }
+    let guess = |at: &Binary, token: &str| {
+        let request = http()
+            .post(at.url("/dashboard/secret/login"))
+            .form(&[("token", token)]);
+        async move { request.send().await.expect("login").status().as_u16() }
+    };
+    for i in 0..tally::http::auth::FAILURES_PER_MINUTE {
+        let at = &collectors[i as usize % 2];
+        assert_eq!(guess(at, "wrong-guess-0123456789").await, 401, "guess {i}");
+    }
+    // Five wrong guesses on each: the network is out of guesses on both, even with the token.
+    for at in &collectors {
+        assert_eq!(guess(at, TOKEN).await, 429);
+    }
+    for c in collectors {
+        c.stop().await;
+    }
+    assert!(
+        redis_cleanup(&redis, &prefix) > 0,
+        "the guesses were counted in Redis"
+    );
 }

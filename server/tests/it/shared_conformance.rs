@@ -156,6 +156,38 @@ async fn new_site_creation_is_limited_per_network(state: &impl SharedHarness) {
         .expect("another /64");
 }
 
+/// Wrong token guesses: 10 a minute per network across handles (a second collector gives no
+/// fresh allowance), then one every 6 s; asking costs nothing; other networks are apart.
+async fn wrong_guesses_are_limited_per_network_across_handles(state: &impl SharedHarness) {
+    let (a, b) = (state.limiter(), state.limiter());
+    let guesser = net("192.0.2.7");
+    let now = at(T0_MS);
+    for i in 0..tally::limits::GUESSES_PER_MINUTE {
+        let handle = if i % 2 == 0 { &a } else { &b };
+        handle.may_guess(guesser, now).await.expect("guesses left");
+        handle
+            .may_guess(guesser, now)
+            .await
+            .expect("asking is free");
+        handle.wrong_guess(guesser, now).await;
+    }
+    for handle in [&a, &b] {
+        match handle.may_guess(guesser, now).await {
+            Err(Refusal::Wait(wait)) => assert!(
+                wait > Duration::ZERO && wait <= Duration::from_secs(6),
+                "{wait:?}"
+            ),
+            other => panic!("out of guesses on every handle: {other:?}"),
+        }
+    }
+    a.may_guess(net("192.0.2.8"), now)
+        .await
+        .expect("another network");
+    b.may_guess(guesser, at(T0_MS + 6_000))
+        .await
+        .expect("one more after 6 s");
+}
+
 /// A key counts once per lane interval across handles; lanes are apart; a refused repeat
 /// does not extend the interval.
 async fn repeat_gate_admits_once_per_interval(state: &impl SharedHarness) {
@@ -236,6 +268,7 @@ macro_rules! shared_backends {
                 live_window_is_the_union_of_handles: HOUR,
                 limits_are_shared_and_all_or_nothing: HOUR,
                 new_site_creation_is_limited_per_network: HOUR,
+                wrong_guesses_are_limited_per_network_across_handles: HOUR,
                 repeat_gate_admits_once_per_interval: HOUR,
                 site_cache_shares_sites_and_absences: HOUR,
                 site_cache_entries_expire: std::time::Duration::ZERO,

@@ -338,3 +338,31 @@ impl Binary {
         self._dir
     }
 }
+
+/// The test Redis (`TALLY_TEST_REDIS`), or a loud "SKIPPED" and `None` when it is unset.
+pub fn redis_url() -> Option<String> {
+    let url = std::env::var("TALLY_TEST_REDIS")
+        .ok()
+        .filter(|u| !u.is_empty());
+    if url.is_none() {
+        eprintln!("SKIPPED: set TALLY_TEST_REDIS (e.g. redis://127.0.0.1:6379); .ci/run sets it");
+    }
+    url
+}
+
+/// Delete every Redis key under `prefix` (a test's own); returns how many there were.
+pub fn redis_cleanup(url: &str, prefix: &str) -> usize {
+    let client = ::redis::Client::open(url).expect("redis url");
+    let mut conn = client.get_connection().expect("redis");
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut conn)
+        .expect("keys");
+    if !keys.is_empty() {
+        let _: u64 = ::redis::cmd("DEL")
+            .arg(&keys)
+            .query(&mut conn)
+            .expect("del");
+    }
+    keys.len()
+}
