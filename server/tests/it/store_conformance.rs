@@ -748,6 +748,59 @@ async fn filtered_tallies_add_up_per_site_day_and_reason(db: &impl Harness) {
 /// batches of the same event ids, and custom events with the same dedupe keys under different
 /// event ids, at the same time: each id and each key counts exactly once, both handles read
 /// the same numbers, and `verify` finds no drift.
+/// One visitor, two handles taking turns (as two collectors on one database): each
+/// (visitor, page, day) and (visitor, site) is new once, whichever handle saw it first; the
+/// range reads and a verify agree.
+async fn visitors_seen_through_two_handles_count_once(db: &impl Harness) {
+    let (a, b) = (db.handle(DEFAULT_CAP), db.handle(DEFAULT_CAP));
+    let (d1, d2) = (date(2026, 4, 1), date(2026, 4, 2));
+    let turns: [(&Arc<dyn Store>, Vec<Record>); 5] = [
+        (&a, vec![view(1, 1, "/a", d1)]),
+        (&b, vec![view(2, 1, "/a", d1), view(3, 1, "/b", d1)]),
+        (&a, vec![view(4, 1, "/b", d1), view(5, 2, "/b", d1)]),
+        (&b, vec![view(6, 2, "/a", d1), view(7, 1, "/a", d2)]),
+        (&a, vec![view(8, 1, "/b", d2), view(9, 3, "/a", d2)]),
+    ];
+    for (store, batch) in turns {
+        let n = batch.len();
+        let outcomes = store.commit(batch).await.expect("commit");
+        assert_eq!(outcomes, vec![Outcome::Accepted; n]);
+    }
+    let page = |p: &str| PagePath::parse(p).expect("page");
+    for store in [&a, &b] {
+        let c = store
+            .counts(&site_s(), &page("/a"), d1)
+            .await
+            .expect("counts");
+        assert_eq!((c.site_today.web.views, c.site_today.web.visitors), (6, 2));
+        assert_eq!((c.page_today.web.views, c.page_today.web.visitors), (3, 2));
+        let c = store
+            .counts(&site_s(), &page("/b"), d2)
+            .await
+            .expect("counts");
+        assert_eq!((c.site_today.web.views, c.site_today.web.visitors), (3, 2));
+        assert_eq!((c.page_today.web.views, c.page_today.web.visitors), (1, 1));
+        // All time: visitors 1, 2 and 3 on the site; 1 and 2 on /b (4 views).
+        assert_eq!((c.site_all.web.views, c.site_all.web.visitors), (9, 3));
+        assert_eq!((c.page_all.web.views, c.page_all.web.visitors), (4, 2));
+        let range = store.range_totals(&site_s(), d1, d2).await.expect("range");
+        assert_eq!(
+            (range.web.views, range.web.visitors),
+            (9, 3),
+            "distinct over both days"
+        );
+    }
+    let report = b.verify(false).await.expect("verify");
+    assert!(report.drift.is_empty(), "{:?}", report.drift);
+    // After verify (which moves any pending visitor rows into their tables) nothing changes.
+    let range = a.range_totals(&site_s(), d1, d2).await.expect("range");
+    assert_eq!((range.web.views, range.web.visitors), (9, 3));
+    let more = a.commit(vec![view(10, 3, "/a", d2)]).await.expect("commit");
+    assert_eq!(more, vec![Outcome::Accepted]);
+    let c = b.counts(&site_s(), &page("/a"), d2).await.expect("counts");
+    assert_eq!((c.page_today.web.views, c.page_today.web.visitors), (3, 2));
+}
+
 async fn two_handles_commit_the_same_ids_at_once(db: &impl Harness) {
     let (a, b) = (db.handle(DEFAULT_CAP), db.handle(DEFAULT_CAP));
     let d = date(2026, 4, 1);
@@ -1069,6 +1122,7 @@ macro_rules! backends {
                 dedupes_within_and_across_batches,
                 dedupe_keys_count_custom_events_once,
                 two_handles_commit_the_same_ids_at_once,
+                visitors_seen_through_two_handles_count_once,
                 top_events_rank_limit_and_split_by_day,
                 verify_finds_and_repairs_drift,
                 sites_round_trip,

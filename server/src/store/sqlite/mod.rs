@@ -7,7 +7,9 @@
 //!   take turns through `BEGIN IMMEDIATE`); several read-only connections so counts and
 //!   dashboards never wait for a commit. Every call runs on the blocking pool. Readers have a
 //!   bounded page cache and spill temporary b-trees to files, so no query takes unbounded RAM.
-//! - Schema v2 (see `schema`): sites and pages interned as integers, days as integers. Dedupe
+//! - Visitor sets are `visits` and `reach` plus the rows still in the visitor-set journal
+//!   (`journal`): new rows are appended there and moved in bulk; readers read both.
+//! - Schema v5 (see `schema`): sites and pages interned as integers, days as integers. Dedupe
 //!   is the primary key of `events` (the UUIDv7 event id) and a partial unique index on
 //!   (site, name, dedupe); `INSERT OR IGNORE` plus the changed-row count decides the outcome.
 //! - A batch is refused whole, before anything is written, when the filesystem's free space
@@ -31,13 +33,14 @@
 //! Files: this one opens the database and implements the five job traits ([`EventSink`],
 //! [`StatsReader`], [`SiteStore`], [`SaltStore`], [`Maintenance`]); `schema` creates and migrates
 //! the tables, `intern` maps names to ids, `guard` checks disk and file, `write` commits
-//! batches, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
+//! batches, `journal` keeps new visitor-set rows until they move in bulk, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
 
 mod backup;
 mod export;
 mod guard;
 mod import;
 mod intern;
+mod journal;
 mod prune;
 mod read;
 mod schema;
@@ -161,6 +164,8 @@ struct Writer {
     seen: SeenVisitors,
     /// Site and page ids known to exist.
     ids: Interned,
+    /// The visitor-set journal's rows (see `journal`).
+    pending: journal::Pending,
 }
 
 /// A bounded set of per-day visitor rows (hashed) known to be in `visits`, in two
@@ -282,6 +287,7 @@ impl SqliteStore {
                 conn,
                 seen: SeenVisitors::default(),
                 ids: Interned::default(),
+                pending: journal::Pending::default(),
             })),
             readers: Arc::new(Mutex::new(readers)),
             path: path.to_owned(),
@@ -644,6 +650,13 @@ const SESSIONS_NOT_BEFORE: &str = "sessions_not_before_ms";
 impl Maintenance for SqliteStore {
     async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError> {
         self.write(move |w| {
+            // The visitor sets whole in their tables first (verify reads and rebuilds them).
+            w.pending.invalidate();
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            journal::flush(&tx)?;
+            tx.commit()?;
             let report = verify_counters(&mut w.conn, repair)?;
             if report.repaired {
                 w.seen.clear();

@@ -113,6 +113,9 @@ async fn prune_visits(store: &SqliteStore, before_day: i64) -> Result<u64, Store
                     .conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)?;
                 raise_marker(&tx, "visitor_rows_before_day", before_day)?;
+                // Journal rows of the pruned days must not come back with a later move.
+                w.pending.invalidate();
+                super::journal::flush(&tx)?;
                 let deleted = tx
                     .prepare_cached(
                         "DELETE FROM visits WHERE (day, scope, source, visitor) IN \

@@ -153,7 +153,9 @@ pub(super) fn read_series(
 }
 
 /// Exact distinct visitors of one scope and source over the days `from..=to`: one seek per
-/// day that has rows (the scope's counter rows tell which), counted in a temporary b-tree.
+/// day that has rows (the scope's counter rows tell which), and the rows still in the
+/// visitor-set journal (at most `journal::FLUSH_ROWS` and a batch, scanned), counted in a
+/// temporary b-tree.
 fn distinct_visitors(
     conn: &Connection,
     scope: i64,
@@ -162,9 +164,11 @@ fn distinct_visitors(
     to: i64,
 ) -> Result<u64, StoreError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT COUNT(DISTINCT v.visitor) FROM counters c CROSS JOIN visits v \
+        "SELECT COUNT(*) FROM (SELECT v.visitor FROM counters c CROSS JOIN visits v \
          ON v.day = c.day AND v.scope = c.scope AND v.source = c.source \
-         WHERE c.scope = ?1 AND c.source = ?2 AND c.day BETWEEN ?3 AND ?4",
+         WHERE c.scope = ?1 AND c.source = ?2 AND c.day BETWEEN ?3 AND ?4 \
+         UNION SELECT visitor FROM set_journal \
+         WHERE scope = ?1 AND source = ?2 AND day BETWEEN ?3 AND ?4)",
     )?;
     let n: i64 = stmt.query_row(params![scope, source, from, to], |r| r.get(0))?;
     Ok(n.max(0) as u64)

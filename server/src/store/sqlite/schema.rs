@@ -1,8 +1,9 @@
-//! The schema (version 4, in `PRAGMA user_version`) and the migrations from versions 1 to 3.
+//! The schema (version 5, in `PRAGMA user_version`) and the migrations from versions 1 to 4.
 //!
-//! Contract: [`prepare`] leaves the file at version 4 or fails having changed nothing. Before
+//! Contract: [`prepare`] leaves the file at version 5 or fails having changed nothing. Before
 //! it migrates an existing file it copies it beside itself (`<file>.v<N>.bak`, see `backup`).
-//! A fresh file gets the v4 tables; a v3 file gets the `filtered` table (v4 = v3 + views not
+//! A fresh file gets the v5 tables; a v4 file gets the visitor-set journal (v5 = v4 +
+//! `set_journal`, see `journal`); a v3 file also gets the `filtered` table (v4 = v3 + views not
 //! counted per site, day and reason); a v2 file also gets the import ledger (v3 = v2 +
 //! `import_ledger`, the ids of imported lines, so a re-run counts nothing twice even after
 //! their raw events were pruned or never kept); a v1 file (the text-keyed schema of the first release, which never
@@ -19,7 +20,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use super::StoreError;
 
 /// The schema version this code reads and writes.
-pub(super) const VERSION: i64 = 4;
+pub(super) const VERSION: i64 = 5;
 
 /// `day` of all-time rows (real days are days since 1970-01-01, never negative).
 pub(super) const ALL_TIME: i64 = -1;
@@ -103,6 +104,16 @@ CREATE TABLE IF NOT EXISTS filtered (
 ) WITHOUT ROWID;
 ";
 
+/// Added by v5: visitor-set rows decided but not yet in `visits` (`day` >= 0) or `reach`
+/// (`day` = -1, `scope` = the page), appended in `seq` order and moved in bulk (`journal`).
+pub(super) const SCHEMA_V5: &str = r"
+CREATE TABLE IF NOT EXISTS set_journal (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    day INTEGER NOT NULL, scope INTEGER NOT NULL, source INTEGER NOT NULL,
+    visitor BLOB NOT NULL, site INTEGER NOT NULL
+);
+";
+
 /// A v1 day text (`2026-04-01`, or `*` for all time) as a v2 day number.
 const DAY: &str = "CASE WHEN {d} = '*' THEN -1 ELSE unixepoch({d}) / 86400 END";
 
@@ -127,8 +138,9 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
     let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     match version {
         VERSION => return Ok(()),
-        3 => tx.execute_batch(SCHEMA_V4)?,
-        2 => tx.execute_batch(&format!("{SCHEMA_V3}{SCHEMA_V4}"))?,
+        4 => tx.execute_batch(SCHEMA_V5)?,
+        3 => tx.execute_batch(&format!("{SCHEMA_V4}{SCHEMA_V5}"))?,
+        2 => tx.execute_batch(&format!("{SCHEMA_V3}{SCHEMA_V4}{SCHEMA_V5}"))?,
         0 => {
             let v1: Option<String> = tx
                 .query_row(
@@ -144,6 +156,7 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
             }
             tx.execute_batch(SCHEMA_V3)?;
             tx.execute_batch(SCHEMA_V4)?;
+            tx.execute_batch(SCHEMA_V5)?;
         }
         newer => {
             return Err(StoreError::Invalid(format!(

@@ -1,11 +1,14 @@
 //! Committing a batch: raw events, visitor sets and counters in one transaction.
 //!
 //! Per new page view the visitor sets answer four questions — is the visitor new for the
-//! page today, for the site today, for the page ever, for the site ever — with at most two
+//! page today, for the site today, for the page ever, for the site ever — with at most three
 //! rows (`visits` for the page's and the site's day, `reach` for the page ever; the site ever
 //! is the `reach` prefix) and lookups in lattice order: a page row of the day that exists
 //! already implies all four answers ("not new"), so a repeat view costs one lookup or none
 //! ([`SeenVisitors`]); a visitor already seen on the site today is not new to the site ever.
+//! A row is looked up in the journal's copy and the tables, and a new one is appended to the
+//! journal, not written into its table (see `journal`: a batch dirties a page or two for its
+//! visitor rows instead of one page per row).
 //!
 //! Counter rows (`counters`, `event_counters`) are summed in memory and upserted once per key
 //! at the end of the batch, in ascending key order (a `BTreeMap`, never hash-map order): two
@@ -27,10 +30,33 @@ pub(super) fn commit_batch(
     records: &[Record],
     import: Option<ImportOptions>,
 ) -> Result<Vec<Outcome>, StoreError> {
-    let Writer { conn, seen, ids } = writer;
+    let result = commit_inner(writer, guard, cap, records, import);
+    if result.is_err() {
+        // The journal's copy may hold rows of the rolled-back batch: never trust it again.
+        writer.pending.invalidate();
+    }
+    result
+}
+
+fn commit_inner(
+    writer: &mut Writer,
+    guard: &FileGuard,
+    cap: u32,
+    records: &[Record],
+    import: Option<ImportOptions>,
+) -> Result<Vec<Outcome>, StoreError> {
+    let Writer {
+        conn,
+        seen,
+        ids,
+        pending,
+    } = writer;
     // Visitor rows this batch writes; remembered in `seen` only once the batch has committed.
     let mut written: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    pending.begin(&tx)?;
+    // The journal's highest seq after this batch's appends.
+    let mut last_seq: Option<i64> = None;
     let mut outcomes = Vec::with_capacity(records.len());
     let mut resolver = Resolver::new(&tx, ids, cap);
     {
@@ -38,11 +64,13 @@ pub(super) fn commit_batch(
             "INSERT OR IGNORE INTO events (event_id, site, source, kind, page, name, dedupe, \
              visitor, at_ms, day, referrer) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )?;
-        let mut insert_visit = tx.prepare_cached(
-            "INSERT OR IGNORE INTO visits (day, scope, source, visitor) VALUES (?1, ?2, ?3, ?4)",
+        let mut visit_exists = tx.prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM visits WHERE day = ?1 AND scope = ?2 AND source = ?3 \
+             AND visitor = ?4)",
         )?;
-        let mut insert_reach = tx.prepare_cached(
-            "INSERT OR IGNORE INTO reach (site, source, visitor, page) VALUES (?1, ?2, ?3, ?4)",
+        let mut reach_exists = tx.prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM reach WHERE site = ?1 AND source = ?2 AND visitor = ?3 \
+             AND page = ?4)",
         )?;
         let mut reached_elsewhere = tx.prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM reach WHERE site = ?1 AND source = ?2 AND visitor = ?3 \
@@ -75,7 +103,7 @@ pub(super) fn commit_batch(
             let site = resolver.site(r.site.as_str())?;
             let page = resolver.page(site, r.page.as_str(), day)?;
             let source = r.source.code();
-            let visitor = &r.visitor.0[..];
+            let visitor = &r.visitor.0;
             let keep_raw = import
                 .and_then(|o| o.raw_before_ms)
                 .is_none_or(|cut| r.at_ms >= cut);
@@ -97,7 +125,7 @@ pub(super) fn commit_batch(
                     page,
                     name,
                     dedupe,
-                    visitor,
+                    &visitor[..],
                     r.at_ms,
                     day,
                     r.referrer,
@@ -120,23 +148,40 @@ pub(super) fn commit_batch(
                 delta.0 += 1;
                 delta.1 += i64::from(new_visitor);
             };
-            // Lattice order: each answer "not new" settles the ones below it.
+            // Lattice order: each answer "not new" settles the ones below it. A row is new
+            // when it is in neither the journal nor its table; then it goes to the journal.
+            let mut new_visit = |scope: i64| -> Result<bool, StoreError> {
+                if pending.has_visit(day, scope, source, visitor)
+                    || visit_exists.query_row(params![day, scope, source, &visitor[..]], |r| {
+                        r.get::<_, bool>(0)
+                    })?
+                {
+                    return Ok(false);
+                }
+                last_seq = Some(pending.add_visit(&tx, site, (day, scope, source, *visitor))?);
+                Ok(true)
+            };
             let page_key = seen.key(page, source, day, visitor);
-            let page_day = !seen.contains(page_key)
-                && written.insert(page_key)
-                && insert_visit.execute(params![day, page, source, visitor])? == 1;
+            let page_day = !seen.contains(page_key) && written.insert(page_key) && new_visit(page)?;
             let (mut site_day, mut page_ever, mut site_ever) = (false, false, false);
             if page_day {
                 let site_key = seen.key(site_scope, source, day, visitor);
-                site_day = !seen.contains(site_key)
-                    && written.insert(site_key)
-                    && insert_visit.execute(params![day, site_scope, source, visitor])? == 1;
-                page_ever = insert_reach.execute(params![site, source, visitor, page])? == 1;
-                site_ever = site_day
-                    && page_ever
-                    && !reached_elsewhere.query_row(params![site, source, visitor, page], |r| {
+                site_day =
+                    !seen.contains(site_key) && written.insert(site_key) && new_visit(site_scope)?;
+                page_ever = !pending.has_reach(site, source, visitor, page)
+                    && !reach_exists.query_row(params![site, source, &visitor[..], page], |r| {
                         r.get::<_, bool>(0)
                     })?;
+                if page_ever {
+                    last_seq = Some(pending.add_reach(&tx, (site, source, *visitor, page))?);
+                }
+                site_ever = site_day
+                    && page_ever
+                    && !pending.reached_elsewhere(site, source, visitor, page)
+                    && !reached_elsewhere
+                        .query_row(params![site, source, &visitor[..], page], |r| {
+                            r.get::<_, bool>(0)
+                        })?;
             }
             bump(page, day, page_day);
             bump(page, ALL_TIME, page_ever);
@@ -167,11 +212,12 @@ pub(super) fn commit_batch(
             )?;
         }
     }
-    let pending = resolver.into_pending();
+    let pending_ids = resolver.into_pending();
     // Last check before acknowledging: is this still the file everyone will open?
     guard.check_file()?;
     tx.commit()?;
-    ids.absorb(pending);
+    ids.absorb(pending_ids);
+    pending.committed(last_seq);
     for key in written {
         seen.insert(key);
     }
