@@ -12,9 +12,10 @@
 //! - The writer keeps the journal's rows in memory ([`Pending`]) and decides "new" against
 //!   that copy plus the tables. The copy is trusted only while the journal's highest `seq` is
 //!   the one this writer left (checked under the write lock at the start of each batch):
-//!   another store on the file (it appends or flushes), an error, or a flush elsewhere
-//!   (verify, prune) makes it stale, and a stale copy is never used — the batch first moves
-//!   the whole journal into the tables (in its own transaction) and starts from empty.
+//!   another store on the file (it appends or flushes), an error or a panic before a batch's
+//!   commit, or a flush elsewhere (verify, prune) makes it stale, and a stale copy is never
+//!   used — the batch first moves the whole journal into the tables (in the batch's own
+//!   transaction) and starts from empty.
 //!   `seq` values are never reused (`AUTOINCREMENT`), so "same highest seq" means "nobody else
 //!   wrote".
 //! - A flush and the journal's deletion are in one transaction with whatever else that
@@ -44,8 +45,9 @@ pub(super) struct Pending {
     reach: BTreeSet<ReachRow>,
     /// The journal's highest `seq` as this writer left it (`None`: empty).
     last_seq: Option<i64>,
-    /// Whether the copy may be trusted (false at start, after an error and after a flush done
-    /// outside [`Pending::begin`]).
+    /// Whether the copy may be trusted: set by [`Pending::committed`] only, cleared by
+    /// [`Pending::begin`] for the batch in flight (a batch that fails or panics before its
+    /// commit leaves it cleared) and by [`Pending::invalidate`].
     valid: bool,
 }
 
@@ -55,15 +57,18 @@ impl Pending {
     pub(super) fn begin(&mut self, tx: &Transaction<'_>) -> Result<bool, StoreError> {
         let last: Option<i64> =
             tx.query_row("SELECT max(seq) FROM set_journal", [], |r| r.get(0))?;
-        if self.valid && last == self.last_seq && self.visits.len() + self.reach.len() < FLUSH_ROWS
-        {
+        let trusted = self.valid
+            && last == self.last_seq
+            && self.visits.len() + self.reach.len() < FLUSH_ROWS;
+        // Untrusted until this batch commits.
+        self.valid = false;
+        if trusted {
             return Ok(false);
         }
         flush(tx)?;
         self.visits.clear();
         self.reach.clear();
         self.last_seq = None;
-        self.valid = true;
         Ok(true)
     }
 
@@ -78,6 +83,7 @@ impl Pending {
         if last.is_some() {
             self.last_seq = last;
         }
+        self.valid = true;
     }
 
     pub(super) fn has_visit(&self, day: i64, scope: i64, source: i64, visitor: &[u8; 16]) -> bool {
