@@ -41,6 +41,11 @@ pub const MAX_KEYS: usize = 200_000;
 /// burst; after them one every 6 s (see `http::auth`).
 pub const GUESSES_PER_MINUTE: u32 = 10;
 
+/// How far ahead wrong guesses can push a network's next allowed guess (guesses made at the
+/// same instant are all compared before any is charged, so each is charged even when over:
+/// a burst of concurrent guesses is paid for by waiting, up to this long).
+pub const GUESS_PENALTY_CAP: Duration = Duration::from_secs(3600);
+
 /// Limit settings (from `ServeConfig`); 0 turns a quota off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitConfig {
@@ -234,19 +239,17 @@ impl Limits {
         refusal(verdict).map_or(Ok(()), Err)
     }
 
-    /// Charge one wrong guess to `net`.
+    /// Charge one wrong guess to `net`, even over its allowance (see [`GUESS_PENALTY_CAP`]).
     pub fn wrong_guess(&self, net: ClientNet, now: Timestamp) {
         let Some(bucket) = &self.guesses else {
             return;
         };
-        let key = self.hasher.hash_one(("guess", net));
-        let mut gcra = bucket
+        let cap = i64::try_from(GUESS_PENALTY_CAP.as_micros()).unwrap_or(i64::MAX);
+        bucket
             .0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Verdict::Admit { tat_us } = gcra.check(key, 1, micros(now)) {
-            gcra.commit(key, tat_us);
-        }
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .penalize(self.hasher.hash_one(("guess", net)), 1, micros(now), cap);
     }
 
     /// Admit the creation of one new site by `net`.

@@ -36,7 +36,7 @@ use crate::core::gcra::Quota;
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::LiveNumbers;
 use crate::core::net::ClientNet;
-use crate::limits::{GUESSES_PER_MINUTE, LimitConfig, Limits, Refusal, scaled};
+use crate::limits::{GUESS_PENALTY_CAP, GUESSES_PER_MINUTE, LimitConfig, Limits, Refusal, scaled};
 use crate::shared::{
     LiveState, MemoryLive, MemoryRepeatGate, MemorySiteCache, RateLimiter, RepeatGate, SiteCache,
 };
@@ -387,6 +387,17 @@ end
 return {0, 0}
 ";
 
+/// Charge ARGV[2] µs to the TAT in KEYS[1] (µs) from max(TAT, now = ARGV[1]), even over the
+/// allowance, but never past now + ARGV[3] µs (a wrong token guess: `limits::wrong_guess`).
+const PENALTY_LUA: &str = r"
+local now = tonumber(ARGV[1])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+tat = math.min(tat + tonumber(ARGV[2]), now + tonumber(ARGV[3]))
+redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+return 0
+";
+
 /// One bucket of a request: its key, quota and cells.
 struct Charge {
     key: String,
@@ -402,6 +413,7 @@ pub struct RedisLimiter {
     new_sites: Option<Quota>,
     guesses: Option<Quota>,
     script: redis::Script,
+    penalty: redis::Script,
     fallback: Limits,
 }
 
@@ -421,6 +433,7 @@ impl RedisLimiter {
             new_sites: Quota::per_hour(config.new_sites_per_hour, config.new_sites_per_hour),
             guesses: Quota::per_minute(GUESSES_PER_MINUTE),
             script: redis::Script::new(GCRA_LUA),
+            penalty: redis::Script::new(PENALTY_LUA),
             fallback: Limits::new(config),
         }
     }
@@ -579,7 +592,20 @@ impl RateLimiter for RedisLimiter {
     }
 
     async fn wrong_guess(&self, net: ClientNet, now: Timestamp) {
-        if self.gcra(self.guess_charge(net), now, true).await.is_none() {
+        let Some(charge) = self.guess_charge(net).pop() else {
+            return;
+        };
+        let mut invocation = self.penalty.prepare_invoke();
+        invocation
+            .key(&charge.key)
+            .arg(now.as_microsecond())
+            .arg(charge.quota.interval_us())
+            .arg(i64::try_from(GUESS_PENALTY_CAP.as_micros()).unwrap_or(i64::MAX));
+        let done: Option<i64> = self
+            .link
+            .run(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .await;
+        if done.is_none() {
             self.fallback.wrong_guess(net, now);
         }
     }

@@ -131,6 +131,24 @@ impl KeyedGcra {
         self.quota.check(tat, n, now_us)
     }
 
+    /// Charge `n` cells to `key` whether or not they fit (a penalty): its TAT moves on by `n`
+    /// intervals from `max(TAT, now)`, but never past `now_us + cap_us`. A full map forgets
+    /// the penalty of a new key (like [`Self::check`] answering `Full`).
+    pub fn penalize(&mut self, key: u64, n: u32, now_us: i64, cap_us: i64) {
+        let tat = self.tats.get(&key).copied();
+        if tat.is_none() && self.tats.len() >= self.max_keys {
+            self.sweep(now_us);
+            if self.tats.len() >= self.max_keys {
+                return;
+            }
+        }
+        let start = tat.unwrap_or(now_us).max(now_us);
+        let new_tat = start
+            .saturating_add(i64::from(n) * self.quota.interval_us())
+            .min(now_us.saturating_add(cap_us));
+        self.tats.insert(key, new_tat);
+    }
+
     /// Store an admitted TAT (from [`Self::check`]).
     pub fn commit(&mut self, key: u64, tat_us: i64) {
         self.tats.insert(key, tat_us);
@@ -168,6 +186,25 @@ mod tests {
             g.commit(key, tat_us);
         }
         v
+    }
+
+    #[test]
+    fn a_penalty_is_charged_over_the_burst_up_to_its_cap() {
+        let quota = Quota::per_minute(10).expect("quota");
+        let mut g = KeyedGcra::new(quota, 10);
+        for _ in 0..15 {
+            g.penalize(1, 1, 0, 3_600_000_000);
+        }
+        // 15 intervals of 6 s: 30 s beyond the 60 s burst.
+        assert_eq!(g.check(1, 1, 0), Verdict::Wait { us: 36_000_000 });
+        for _ in 0..10_000 {
+            g.penalize(1, 1, 0, 3_600_000_000);
+        }
+        assert_eq!(
+            g.check(1, 0, 0),
+            Verdict::Wait { us: 3_540_000_000 },
+            "capped at an hour"
+        );
     }
 
     #[test]

@@ -186,6 +186,18 @@ async fn wrong_guesses_are_limited_per_network_across_handles(state: &impl Share
     b.may_guess(guesser, at(T0_MS + 6_000))
         .await
         .expect("one more after 6 s");
+    // Guesses sent at the same instant are all compared before any is charged: each wrong one
+    // is still charged, so five more push the next guess 5 × 6 s further back.
+    for handle in [&a, &b, &a, &b, &a] {
+        handle.wrong_guess(guesser, now).await;
+    }
+    match b.may_guess(guesser, at(T0_MS + 6_000)).await {
+        Err(Refusal::Wait(wait)) => assert!(
+            wait > Duration::from_secs(24) && wait <= Duration::from_secs(30),
+            "{wait:?}"
+        ),
+        other => panic!("over-allowance guesses are paid for by waiting: {other:?}"),
+    }
 }
 
 /// A key counts once per lane interval across handles; lanes are apart; a refused repeat
