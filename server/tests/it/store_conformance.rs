@@ -1242,6 +1242,39 @@ mod sqlite_backend {
         );
     }
 
+    /// The visitor-set journal stays within its bound (README Limits: 16,384 rows and one
+    /// batch) under a flood of new (visitor, page) pairs, and the numbers stay exact.
+    #[tokio::test]
+    async fn the_visitor_set_journal_stays_bounded_under_a_flood_of_new_visitors() {
+        let db = SqliteDb::fresh();
+        let store = db.handle(Some(0));
+        let d = date(2026, 4, 1);
+        let batch = 500u32;
+        let mut largest = 0i64;
+        for b in 0..120u32 {
+            let records: Vec<Record> = (0..batch)
+                .map(|i| {
+                    let n = b * batch + i;
+                    view(n, n, &format!("/p{}", n % 97), d)
+                })
+                .collect();
+            store.commit(records).await.expect("commit");
+            let rows: i64 = rusqlite::Connection::open(&db.path)
+                .expect("open")
+                .query_row("SELECT COUNT(*) FROM set_journal", [], |r| r.get(0))
+                .expect("journal rows");
+            largest = largest.max(rows);
+        }
+        // Each new view appends at most three rows (page day, site day, page ever).
+        assert!(largest <= 16_384 + 3 * i64::from(batch), "{largest} rows");
+        assert!(
+            largest > 16_384 / 2,
+            "the flood did fill the journal: {largest}"
+        );
+        let totals = store.range_totals(&site_s(), d, d).await.expect("totals");
+        assert_eq!((totals.web.views, totals.web.visitors), (60_000, 60_000));
+    }
+
     #[tokio::test]
     async fn disk_floor_refuses_commits_and_stores_nothing() {
         let db = SqliteDb::fresh();
