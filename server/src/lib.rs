@@ -125,9 +125,8 @@ pub async fn run(
         shared,
     );
     // Logouts taken before this start, or by another collector of the database.
-    match store.sessions_not_before().await {
-        Ok(at) => state.auth.learn_logout(at),
-        Err(e) => tracing::warn!(error = %e, "reading the last admin logout failed; will retry"),
+    if let Err(e) = learn_logouts(store.as_ref(), &state.auth).await {
+        tracing::warn!(error = %e, "reading the last admin logout failed; will retry");
     }
     let sessions = tokio::spawn(session_loop(
         store.clone(),
@@ -196,13 +195,19 @@ async fn session_loop(
             _ = stop.changed() => return,
             _ = tokio::time::sleep(http::auth::SESSION_REFRESH) => {}
         }
-        match store.sessions_not_before().await {
-            Ok(at) => auth.learn_logout(at),
-            Err(e) => {
-                tracing::debug!(error = %e, "reading the last admin logout failed; will retry")
-            }
+        if let Err(e) = learn_logouts(store.as_ref(), &auth).await {
+            tracing::debug!(error = %e, "reading the last admin logout failed; will retry");
         }
     }
+}
+
+/// Read the last admin logout from the store into `auth`.
+async fn learn_logouts(
+    store: &dyn SaltStore,
+    auth: &http::auth::Auth,
+) -> Result<(), store::StoreError> {
+    auth.learn_logout(store.sessions_not_before().await?);
+    Ok(())
 }
 
 /// Apply the retention policy now and every hour (salts older than two days go too, so the

@@ -75,6 +75,29 @@ impl Bucket {
     fn new(quota: Option<Quota>) -> Option<Self> {
         quota.map(|q| Self(Mutex::new(KeyedGcra::new(q, MAX_KEYS))))
     }
+
+    /// The limiter (a panic elsewhere under the lock left it consistent: every change is one
+    /// map insert).
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeyedGcra> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether one cell of `key` fits now. Charges nothing.
+    fn peek(&self, key: u64, now: Timestamp) -> Result<(), Refusal> {
+        refusal(self.lock().check(key, 1, micros(now))).map_or(Ok(()), Err)
+    }
+
+    /// Admit and charge one cell of `key`, or refuse and charge nothing.
+    fn take(&self, key: u64, now: Timestamp) -> Result<(), Refusal> {
+        let mut gcra = self.lock();
+        let verdict = gcra.check(key, 1, micros(now));
+        if let Verdict::Admit { tat_us } = verdict {
+            gcra.commit(key, tat_us);
+        }
+        refusal(verdict).map_or(Ok(()), Err)
+    }
 }
 
 /// The buckets of one lane.
@@ -172,14 +195,8 @@ impl Limits {
             .fold(0u32, |sum, (_, n)| sum.saturating_add(*n));
         let mut charges: Vec<(bool, u64, i64)> = Vec::with_capacity(per_site.len() + 1);
         // Fixed lock order: per site, then per address; both held while deciding.
-        let mut site_gcra = buckets.per_site.as_ref().map(|b| {
-            b.0.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        });
-        let mut address_gcra = buckets.per_address.as_ref().map(|b| {
-            b.0.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        });
+        let mut site_gcra = buckets.per_site.as_ref().map(Bucket::lock);
+        let mut address_gcra = buckets.per_address.as_ref().map(Bucket::lock);
         if let Some(gcra) = site_gcra.as_deref_mut() {
             for (site, n) in per_site {
                 let key = self.hasher.hash_one((lane, net, site.as_str()));
@@ -217,13 +234,7 @@ impl Limits {
         let Some(bucket) = &self.lane(lane).per_address else {
             return Ok(());
         };
-        let key = self.hasher.hash_one((lane, net));
-        let verdict = bucket
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .check(key, 1, micros(now));
-        refusal(verdict).map_or(Ok(()), Err)
+        bucket.peek(self.hasher.hash_one((lane, net)), now)
     }
 
     /// Whether `net` may guess a token now (it has wrong guesses left). Charges nothing.
@@ -231,12 +242,7 @@ impl Limits {
         let Some(bucket) = &self.guesses else {
             return Ok(());
         };
-        let verdict = bucket
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .check(self.hasher.hash_one(("guess", net)), 1, micros(now));
-        refusal(verdict).map_or(Ok(()), Err)
+        bucket.peek(self.hasher.hash_one(("guess", net)), now)
     }
 
     /// Charge one wrong guess to `net`, even over its allowance (see [`GUESS_PENALTY_CAP`]).
@@ -246,9 +252,7 @@ impl Limits {
         };
         let cap = i64::try_from(GUESS_PENALTY_CAP.as_micros()).unwrap_or(i64::MAX);
         bucket
-            .0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .penalize(self.hasher.hash_one(("guess", net)), 1, micros(now), cap);
     }
 
@@ -257,16 +261,7 @@ impl Limits {
         let Some(bucket) = &self.new_sites else {
             return Ok(());
         };
-        let key = self.hasher.hash_one(("new-site", net));
-        let mut gcra = bucket
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let verdict = gcra.check(key, 1, micros(now));
-        if let Verdict::Admit { tat_us } = verdict {
-            gcra.commit(key, tat_us);
-        }
-        refusal(verdict).map_or(Ok(()), Err)
+        bucket.take(self.hasher.hash_one(("new-site", net)), now)
     }
 }
 

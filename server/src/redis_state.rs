@@ -460,17 +460,15 @@ impl RedisLimiter {
         }
     }
 
-    /// The one charge of a token guess by `net` (none when guesses are unlimited).
-    fn guess_charge(&self, net: ClientNet) -> Vec<Charge> {
-        let tag = self.net_tag(net);
-        self.guesses
-            .map(|quota| Charge {
-                key: self.link.key(format_args!("lim:{{{tag}}}:guess")),
-                quota,
-                cells: 1,
-            })
-            .into_iter()
-            .collect()
+    /// The charge of one token guess by `net` (none when guesses are unlimited).
+    fn guess_charge(&self, net: ClientNet) -> Option<Charge> {
+        self.guesses.map(|quota| Charge {
+            key: self
+                .link
+                .key(format_args!("lim:{{{}}}:guess", self.net_tag(net))),
+            quota,
+            cells: 1,
+        })
     }
 
     /// Run the script; `None` when Redis did not answer.
@@ -585,14 +583,15 @@ impl RateLimiter for RedisLimiter {
     }
 
     async fn may_guess(&self, net: ClientNet, now: Timestamp) -> Result<(), Refusal> {
-        match self.gcra(self.guess_charge(net), now, false).await {
+        let charges = self.guess_charge(net).into_iter().collect();
+        match self.gcra(charges, now, false).await {
             Some(verdict) => verdict,
             None => self.fallback.may_guess(net, now),
         }
     }
 
     async fn wrong_guess(&self, net: ClientNet, now: Timestamp) {
-        let Some(charge) = self.guess_charge(net).pop() else {
+        let Some(charge) = self.guess_charge(net) else {
             return;
         };
         let mut invocation = self.penalty.prepare_invoke();

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use axum::http::{HeaderMap, header};
+use jiff::Timestamp;
 
 use crate::config::ServeConfig;
 use crate::core::net::ClientNet;
@@ -90,9 +91,9 @@ impl Auth {
     }
 
     /// Refuse a network that has used up its failed guesses, before its guess is compared.
-    pub async fn before_guess(&self, net: ClientNet, now_us: i64) -> Result<(), Throttled> {
+    pub async fn before_guess(&self, net: ClientNet, now: Timestamp) -> Result<(), Throttled> {
         self.limits
-            .may_guess(net, timestamp(now_us))
+            .may_guess(net, now)
             .await
             .map_err(|refusal| Throttled {
                 retry_after: match refusal {
@@ -104,8 +105,8 @@ impl Auth {
     }
 
     /// Charge one failed guess to `net`.
-    pub async fn failed_guess(&self, net: ClientNet, now_us: i64) {
-        self.limits.wrong_guess(net, timestamp(now_us)).await;
+    pub async fn failed_guess(&self, net: ClientNet, now: Timestamp) {
+        self.limits.wrong_guess(net, now).await;
     }
 
     /// Compare a guess at `secret`, throttled: `Ok(true)` when it matches.
@@ -114,13 +115,13 @@ impl Auth {
         secret: &Secret,
         given: &str,
         net: ClientNet,
-        now_us: i64,
+        now: Timestamp,
     ) -> Result<bool, Throttled> {
-        self.before_guess(net, now_us).await?;
+        self.before_guess(net, now).await?;
         if secret.matches(given) {
             return Ok(true);
         }
-        self.failed_guess(net, now_us).await;
+        self.failed_guess(net, now).await;
         Ok(false)
     }
 
@@ -138,19 +139,16 @@ impl Auth {
         &self,
         headers: &HeaderMap,
         net: ClientNet,
-        now_ms: i64,
+        now: Timestamp,
     ) -> Result<bool, Throttled> {
         let Some(token) = &self.token else {
             return Ok(false);
         };
-        if self.session_of(headers, now_ms).is_some() {
+        if self.session_of(headers, now.as_millisecond()).is_some() {
             return Ok(true);
         }
         match bearer(headers) {
-            Some(given) => {
-                self.guess(token, given, net, now_ms.saturating_mul(1000))
-                    .await
-            }
+            Some(given) => self.guess(token, given, net, now).await,
             None => Ok(false),
         }
     }
@@ -160,18 +158,16 @@ impl Auth {
         &self,
         given: &str,
         net: ClientNet,
-        now_ms: i64,
+        now: Timestamp,
     ) -> Result<Option<String>, Throttled> {
         let (Some(token), Some(key)) = (&self.token, &self.session) else {
             return Ok(None);
         };
-        let ok = self
-            .guess(token, given.trim(), net, now_ms.saturating_mul(1000))
-            .await?;
+        let ok = self.guess(token, given.trim(), net, now).await?;
         Ok(ok.then(|| {
             // Issued strictly after the last logout, even within the same millisecond.
             let not_before = self.not_before_ms.load(Ordering::Relaxed);
-            key.issue(now_ms.max(not_before.saturating_add(1)))
+            key.issue(now.as_millisecond().max(not_before.saturating_add(1)))
         }))
     }
 
@@ -197,25 +193,16 @@ impl Auth {
         &self,
         headers: &HeaderMap,
         net: ClientNet,
-        now_us: i64,
+        now: Timestamp,
     ) -> Result<bool, Throttled> {
         let Some(token) = &self.metrics_token else {
             return Ok(true);
         };
         match bearer(headers) {
-            Some(given) => self.guess(token, given, net, now_us).await,
+            Some(given) => self.guess(token, given, net, now).await,
             None => Ok(false),
         }
     }
-}
-
-/// `us` microseconds since 1970 as a timestamp (out of range: the nearest end).
-fn timestamp(us: i64) -> jiff::Timestamp {
-    jiff::Timestamp::from_microsecond(us).unwrap_or(if us < 0 {
-        jiff::Timestamp::MIN
-    } else {
-        jiff::Timestamp::MAX
-    })
 }
 
 /// The `Authorization: Bearer` value.
@@ -248,6 +235,10 @@ mod tests {
 
     const TOKEN: &str = "a-long-admin-token-0123";
     const T0: i64 = 1_780_000_000_000;
+
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millisecond(ms).expect("time")
+    }
 
     fn limits(config: &ServeConfig) -> Arc<dyn RateLimiter> {
         Arc::new(crate::limits::Limits::new(config.limits()))
@@ -286,29 +277,33 @@ mod tests {
     async fn a_login_gives_a_session_that_expires_and_ends_at_logout() {
         let a = auth();
         let cookie = a
-            .login(TOKEN, net(1), T0)
+            .login(TOKEN, net(1), at(T0))
             .await
             .expect("not throttled")
             .expect("right");
         assert!(!cookie.contains(TOKEN));
         let h = with_cookie(&cookie);
-        assert_eq!(a.is_admin(&h, net(1), T0 + 1000).await, Ok(true));
+        assert_eq!(a.is_admin(&h, net(1), at(T0 + 1000)).await, Ok(true));
         // Another network may use the cookie (it is the credential).
-        assert_eq!(a.is_admin(&h, net(2), T0 + 1000).await, Ok(true));
+        assert_eq!(a.is_admin(&h, net(2), at(T0 + 1000)).await, Ok(true));
         let twelve_hours = 12 * 3_600_000;
-        assert_eq!(a.is_admin(&h, net(1), T0 + twelve_hours).await, Ok(false));
+        assert_eq!(
+            a.is_admin(&h, net(1), at(T0 + twelve_hours)).await,
+            Ok(false)
+        );
         // Logout needs a valid session, and ends it (and every older one).
         assert!(!a.logout(&HeaderMap::new(), T0 + 2000));
         assert!(a.logout(&h, T0 + 2000));
-        assert_eq!(a.is_admin(&h, net(1), T0 + 3000).await, Ok(false));
+        assert_eq!(a.is_admin(&h, net(1), at(T0 + 3000)).await, Ok(false));
         // A session made after the logout works, even in the same millisecond.
         let again = a
-            .login(TOKEN, net(1), T0 + 2000)
+            .login(TOKEN, net(1), at(T0 + 2000))
             .await
             .expect("ok")
             .expect("right");
         assert_eq!(
-            a.is_admin(&with_cookie(&again), net(1), T0 + 2000).await,
+            a.is_admin(&with_cookie(&again), net(1), at(T0 + 2000))
+                .await,
             Ok(true)
         );
     }
@@ -317,7 +312,7 @@ mod tests {
     async fn the_session_depends_on_the_token_and_the_server_secret() {
         let a = auth();
         let cookie = a
-            .login(TOKEN, net(1), T0)
+            .login(TOKEN, net(1), at(T0))
             .await
             .expect("ok")
             .expect("right");
@@ -326,7 +321,7 @@ mod tests {
         let other_secret = Auth::new(&config, &ServerSecret::from_bytes([2; 32]), limits(&config));
         assert_eq!(
             other_secret
-                .is_admin(&with_cookie(&cookie), net(1), T0)
+                .is_admin(&with_cookie(&cookie), net(1), at(T0))
                 .await,
             Ok(false)
         );
@@ -334,7 +329,7 @@ mod tests {
         let other_token = Auth::new(&config, &ServerSecret::from_bytes([1; 32]), limits(&config));
         assert_eq!(
             other_token
-                .is_admin(&with_cookie(&cookie), net(1), T0)
+                .is_admin(&with_cookie(&cookie), net(1), at(T0))
                 .await,
             Ok(false)
         );
@@ -345,24 +340,28 @@ mod tests {
         let a = auth();
         for i in 0..FAILURES_PER_MINUTE {
             assert_eq!(
-                a.login("wrong-guess-0000000", net(1), T0).await,
+                a.login("wrong-guess-0000000", net(1), at(T0)).await,
                 Ok(None),
                 "guess {i}"
             );
         }
         // Throttled now, even with the right token: it is not compared.
-        let throttled = a.login(TOKEN, net(1), T0).await.expect_err("throttled");
+        let throttled = a.login(TOKEN, net(1), at(T0)).await.expect_err("throttled");
         assert!((1..=6).contains(&throttled.retry_after), "{throttled:?}");
-        assert!(a.is_admin(&with_bearer("wrong"), net(1), T0).await.is_err());
         assert!(
-            a.may_read_metrics(&with_bearer("x"), net(1), T0 * 1000)
+            a.is_admin(&with_bearer("wrong"), net(1), at(T0))
+                .await
+                .is_err()
+        );
+        assert!(
+            a.may_read_metrics(&with_bearer("x"), net(1), at(T0))
                 .await
                 .is_err()
         );
         // Other networks are not affected; the network recovers with time.
-        assert!(matches!(a.login(TOKEN, net(2), T0).await, Ok(Some(_))));
+        assert!(matches!(a.login(TOKEN, net(2), at(T0)).await, Ok(Some(_))));
         assert!(matches!(
-            a.login(TOKEN, net(1), T0 + 6_000).await,
+            a.login(TOKEN, net(1), at(T0 + 6_000)).await,
             Ok(Some(_))
         ));
     }
@@ -370,13 +369,19 @@ mod tests {
     #[tokio::test]
     async fn bearer_tokens_and_metrics() {
         let a = auth();
-        assert_eq!(a.is_admin(&with_bearer(TOKEN), net(1), T0).await, Ok(true));
         assert_eq!(
-            a.is_admin(&with_bearer("nope"), net(1), T0).await,
+            a.is_admin(&with_bearer(TOKEN), net(1), at(T0)).await,
+            Ok(true)
+        );
+        assert_eq!(
+            a.is_admin(&with_bearer("nope"), net(1), at(T0)).await,
             Ok(false)
         );
-        assert_eq!(a.is_admin(&HeaderMap::new(), net(1), T0).await, Ok(false));
-        let us = T0 * 1000;
+        assert_eq!(
+            a.is_admin(&HeaderMap::new(), net(1), at(T0)).await,
+            Ok(false)
+        );
+        let us = at(T0);
         assert_eq!(
             a.may_read_metrics(&HeaderMap::new(), net(1), us).await,
             Ok(false)

@@ -836,8 +836,7 @@ async fn login(
     let Form(form) = form.map_err(|e| ApiError::bad("invalid_form", e.body_text()))?;
     let id = super::site_id(&raw)?;
     let net = state.client_net(peer, &headers);
-    let now_ms = state.clock.now().as_millisecond();
-    match state.auth.login(&form.token, net, now_ms).await {
+    match state.auth.login(&form.token, net, state.clock.now()).await {
         Err(throttled) => Ok(login_page(raw, false, Some(throttled.retry_after))),
         Ok(None) => Ok(login_page(raw, true, None)),
         Ok(Some(value)) => {

@@ -164,10 +164,7 @@ async fn check(
         .await?;
     let keyed = sender.has_key_of(&site);
     if sender.bearer.is_some() && !keyed {
-        state
-            .auth
-            .failed_guess(sender.net, now.as_microsecond())
-            .await;
+        state.auth.failed_guess(sender.net, now).await;
         return Err(ApiError::InvalidIngestKey {
             site: site.id.to_string(),
         });
@@ -275,7 +272,7 @@ async fn precheck(
         // A key guesser that used up its wrong guesses is refused before its key is compared.
         state
             .auth
-            .before_guess(sender.net, now.as_microsecond())
+            .before_guess(sender.net, now)
             .await
             .map_err(|t| ApiError::RateLimited {
                 retry_after: t.retry_after,

@@ -281,7 +281,7 @@ impl AppState {
     pub async fn is_admin(&self, peer: SocketAddr, headers: &HeaderMap) -> Result<bool, ApiError> {
         let net = self.client_net(peer, headers);
         self.auth
-            .is_admin(headers, net, self.clock.now().as_millisecond())
+            .is_admin(headers, net, self.clock.now())
             .await
             .map_err(|t| ApiError::RateLimited {
                 retry_after: t.retry_after,

@@ -121,7 +121,7 @@ async fn metrics(
     let net = state.client_net(peer, &headers);
     let allowed = state
         .auth
-        .may_read_metrics(&headers, net, state.clock.now().as_microsecond())
+        .may_read_metrics(&headers, net, state.clock.now())
         .await
         .map_err(|t| ApiError::RateLimited {
             retry_after: t.retry_after,

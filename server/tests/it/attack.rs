@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Binary, ORIGIN, Options, client, client_from, event_id_at, pageview, spawn_app_with,
+    Binary, ORIGIN, Options, client, client_from, event_id_at, pageview, post_hit, spawn_app_with,
 };
 
 /// Answers by status code.
@@ -402,15 +402,6 @@ async fn not_ready_because(http: &reqwest::Client, server: &Binary, why: &str) {
     assert!(text.contains(why), "{text}");
 }
 
-async fn post(http: &reqwest::Client, server: &Binary, body: &Value) -> reqwest::Response {
-    http.post(server.url("/api/v1/hit"))
-        .header("content-type", "text/plain")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("request")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_file_moved_away_while_serving_acknowledges_nothing_more() {
     let server = Binary::start(&["--auto-sites"]).await;
@@ -418,7 +409,7 @@ async fn a_database_file_moved_away_while_serving_acknowledges_nothing_more() {
     let now = jiff::Timestamp::now();
     let before: Vec<Value> = (0..10).map(|_| hit_for("lost", now)).collect();
     for h in &before {
-        assert_eq!(post(&http, &server, h).await.status(), 200);
+        assert_eq!(post_hit(&http, &server, h).await.status(), 200);
     }
     // The operator (or a cleanup job) moves the database away under the running server.
     let moved = server.db.with_extension("moved");
@@ -435,7 +426,7 @@ async fn a_database_file_moved_away_while_serving_acknowledges_nothing_more() {
     }
     let after: Vec<Value> = (0..10).map(|_| hit_for("lost", now)).collect();
     for h in &after {
-        let r = post(&http, &server, h).await;
+        let r = post_hit(&http, &server, h).await;
         assert_eq!(r.status(), 503, "nothing is acknowledged into a lost file");
         assert!(r.headers().contains_key("retry-after"));
         let v: Value = r.json().await.expect("json");
@@ -460,11 +451,19 @@ async fn a_database_file_moved_away_while_serving_acknowledges_nothing_more() {
     let dir = db.parent().expect("dir").to_owned();
     let server = Binary::start_in(&dir, &["--auto-sites"]).await;
     for h in &before {
-        let r: Value = post(&http, &server, h).await.json().await.expect("json");
+        let r: Value = post_hit(&http, &server, h)
+            .await
+            .json()
+            .await
+            .expect("json");
         assert_eq!(r["status"], "duplicate", "acknowledged before the move");
     }
     for h in &after {
-        let r: Value = post(&http, &server, h).await.json().await.expect("json");
+        let r: Value = post_hit(&http, &server, h)
+            .await
+            .json()
+            .await
+            .expect("json");
         assert_eq!(r["status"], "accepted", "refused, so not counted before");
     }
     server.stop().await;
@@ -475,7 +474,7 @@ async fn below_the_free_disk_floor_writes_are_refused_and_reads_keep_working() {
     // A floor of 1 EiB: this disk is always below it.
     let server = Binary::start(&["--auto-sites", "--min-free-mb", "1099511627776"]).await;
     let http = client();
-    let r = post(&http, &server, &hit_for("full", jiff::Timestamp::now())).await;
+    let r = post_hit(&http, &server, &hit_for("full", jiff::Timestamp::now())).await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "60");
     assert_eq!(r.json::<Value>().await.expect("json")["error"], "disk_full");
@@ -655,7 +654,7 @@ async fn an_shm_file_truncated_while_serving_is_a_503_not_a_sigbus() {
     let http = client();
     let now = jiff::Timestamp::now();
     let first = hit_for("lost", now);
-    assert_eq!(post(&http, &server, &first).await.status(), 200);
+    assert_eq!(post_hit(&http, &server, &first).await.status(), 200);
     // Someone truncates the shared-memory index SQLite has mapped (this used to kill the
     // process with SIGBUS at its next access, exit 135, no log line).
     let shm = std::path::PathBuf::from(format!("{}-shm", server.db.display()));
@@ -665,7 +664,7 @@ async fn an_shm_file_truncated_while_serving_is_a_503_not_a_sigbus() {
         .expect("shm exists while serving")
         .set_len(0)
         .expect("truncate");
-    let r = post(&http, &server, &hit_for("lost", now)).await;
+    let r = post_hit(&http, &server, &hit_for("lost", now)).await;
     assert_eq!(r.status(), 503);
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["error"], "storage_unavailable");
@@ -684,7 +683,7 @@ async fn an_shm_file_truncated_while_serving_is_a_503_not_a_sigbus() {
     // A restart rebuilds the index; the acknowledged hit is there.
     let dir = server.stop().await;
     let server = Binary::start_in(dir.path(), &["--auto-sites"]).await;
-    let r: Value = post(&http, &server, &first)
+    let r: Value = post_hit(&http, &server, &first)
         .await
         .json()
         .await

@@ -4,20 +4,11 @@
 
 use serde_json::{Value, json};
 
-use crate::support::{Binary, client, event_id_at, redis_cleanup, redis_url};
+use crate::support::{Binary, client, event_id_at, post_hit, redis_cleanup, redis_url};
 
 fn hit(visitor: &str) -> Value {
     json!({"site": "shared", "type": "pageview", "event_id": event_id_at(jiff::Timestamp::now()),
            "visitor_id": visitor, "url": "https://shared.example/a", "referrer": null})
-}
-
-async fn post(http: &reqwest::Client, server: &Binary, body: &Value) -> reqwest::Response {
-    http.post(server.url("/api/v1/hit"))
-        .header("content-type", "text/plain")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("request")
 }
 
 async fn live(http: &reqwest::Client, server: &Binary) -> Value {
@@ -53,9 +44,17 @@ async fn two_collectors_share_the_live_window_and_the_limits_through_redis() {
     let a = Binary::start_in(dir.path(), &args).await;
     let b = Binary::start_in(dir.path(), &args).await;
     let http = client();
-    let r: Value = post(&http, &a, &hit(V1)).await.json().await.expect("json");
+    let r: Value = post_hit(&http, &a, &hit(V1))
+        .await
+        .json()
+        .await
+        .expect("json");
     assert_eq!(r["status"], "accepted");
-    let r: Value = post(&http, &b, &hit(V2)).await.json().await.expect("json");
+    let r: Value = post_hit(&http, &b, &hit(V2))
+        .await
+        .json()
+        .await
+        .expect("json");
     assert_eq!(r["status"], "accepted");
     for server in [&a, &b] {
         let live = live(&http, server).await;
@@ -63,10 +62,10 @@ async fn two_collectors_share_the_live_window_and_the_limits_through_redis() {
         assert_eq!(live["events"], 2, "{live}");
     }
     // 4 a minute per address and site, over both collectors: 2 used, 2 more, then 429.
-    assert_eq!(post(&http, &a, &hit(V1)).await.status(), 200);
-    assert_eq!(post(&http, &b, &hit(V2)).await.status(), 200);
-    assert_eq!(post(&http, &a, &hit(V1)).await.status(), 429);
-    assert_eq!(post(&http, &b, &hit(V2)).await.status(), 429);
+    assert_eq!(post_hit(&http, &a, &hit(V1)).await.status(), 200);
+    assert_eq!(post_hit(&http, &b, &hit(V2)).await.status(), 200);
+    assert_eq!(post_hit(&http, &a, &hit(V1)).await.status(), 429);
+    assert_eq!(post_hit(&http, &b, &hit(V2)).await.status(), 429);
     a.stop().await;
     b.stop().await;
     assert!(
@@ -81,7 +80,7 @@ async fn a_redis_that_does_not_answer_never_costs_a_hit() {
     let server = Binary::start(&["--auto-sites", "--redis", "redis://127.0.0.1:1/"]).await;
     let http = client();
     for visitor in [V1, V2] {
-        let r: Value = post(&http, &server, &hit(visitor))
+        let r: Value = post_hit(&http, &server, &hit(visitor))
             .await
             .json()
             .await

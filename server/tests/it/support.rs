@@ -366,3 +366,17 @@ pub fn redis_cleanup(url: &str, prefix: &str) -> usize {
     }
     keys.len()
 }
+
+/// POST `body` to a real binary's `/api/v1/hit` (as the snippet does: `text/plain`).
+pub async fn post_hit(
+    http: &reqwest::Client,
+    server: &Binary,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    http.post(server.url("/api/v1/hit"))
+        .header("content-type", "text/plain")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request")
+}

@@ -110,42 +110,53 @@ impl Pending {
     /// Append a per-day row to the journal (and the copy); returns its `seq`.
     pub(super) fn add_visit(
         &mut self,
-        tx: &Transaction<'_>,
+        append: &mut Appender<'_>,
         site: i64,
         row: VisitRow,
     ) -> Result<i64, StoreError> {
         let (day, scope, source, visitor) = row;
-        append(tx, day, scope, source, &visitor, site)?;
+        let seq = append.row(day, scope, source, &visitor, site)?;
         self.visits.insert(row);
-        Ok(tx.last_insert_rowid())
+        Ok(seq)
     }
 
     /// Append an all-time row to the journal (and the copy); returns its `seq`.
     pub(super) fn add_reach(
         &mut self,
-        tx: &Transaction<'_>,
+        append: &mut Appender<'_>,
         row: ReachRow,
     ) -> Result<i64, StoreError> {
         let (site, source, visitor, page) = row;
-        append(tx, ALL_TIME, page, source, &visitor, site)?;
+        let seq = append.row(ALL_TIME, page, source, &visitor, site)?;
         self.reach.insert(row);
-        Ok(tx.last_insert_rowid())
+        Ok(seq)
     }
 }
 
-fn append(
-    tx: &Transaction<'_>,
-    day: i64,
-    scope: i64,
-    source: i64,
-    visitor: &[u8; 16],
-    site: i64,
-) -> Result<(), StoreError> {
-    tx.prepare_cached(
-        "INSERT INTO set_journal (day, scope, source, visitor, site) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(params![day, scope, source, &visitor[..], site])?;
-    Ok(())
+/// The journal's append statement, prepared once per batch.
+pub(super) struct Appender<'t>(rusqlite::CachedStatement<'t>);
+
+impl<'t> Appender<'t> {
+    pub(super) fn new(tx: &'t Transaction<'_>) -> Result<Self, StoreError> {
+        Ok(Self(tx.prepare_cached(
+            "INSERT INTO set_journal (day, scope, source, visitor, site) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?))
+    }
+
+    /// Append one row; returns its `seq`.
+    fn row(
+        &mut self,
+        day: i64,
+        scope: i64,
+        source: i64,
+        visitor: &[u8; 16],
+        site: i64,
+    ) -> Result<i64, StoreError> {
+        Ok(self
+            .0
+            .insert(params![day, scope, source, &visitor[..], site])?)
+    }
 }
 
 /// Move every journal row into `visits` and `reach`, in key order, and empty the journal.

@@ -609,21 +609,13 @@ impl SaltStore for SqliteStore {
 
     async fn end_sessions(&self, at_ms: i64) -> Result<i64, StoreError> {
         self.write(move |w| {
-            let tx = w
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.execute(
+            Ok(w.conn.query_row(
                 "INSERT INTO meta (key, value) VALUES (?1, ?2) \
-                 ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+                 ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value) \
+                 RETURNING value",
                 params![SESSIONS_NOT_BEFORE, at_ms],
-            )?;
-            let stored: i64 = tx.query_row(
-                "SELECT value FROM meta WHERE key = ?1",
-                [SESSIONS_NOT_BEFORE],
                 |r| r.get(0),
-            )?;
-            tx.commit()?;
-            Ok(stored)
+            )?)
         })
         .await
     }

@@ -76,6 +76,7 @@ fn commit_inner(
             "SELECT EXISTS (SELECT 1 FROM reach WHERE site = ?1 AND source = ?2 AND visitor = ?3 \
              AND page != ?4)",
         )?;
+        let mut append = journal::Appender::new(&tx)?;
         let mut insert_ledger =
             tx.prepare_cached("INSERT OR IGNORE INTO import_ledger (event_id) VALUES (?1)")?;
         // The latest event counted without being kept raw (imports of old events).
@@ -158,7 +159,8 @@ fn commit_inner(
                 {
                     return Ok(false);
                 }
-                last_seq = Some(pending.add_visit(&tx, site, (day, scope, source, *visitor))?);
+                last_seq =
+                    Some(pending.add_visit(&mut append, site, (day, scope, source, *visitor))?);
                 Ok(true)
             };
             let page_key = seen.key(page, source, day, visitor);
@@ -173,7 +175,8 @@ fn commit_inner(
                         r.get::<_, bool>(0)
                     })?;
                 if page_ever {
-                    last_seq = Some(pending.add_reach(&tx, (site, source, *visitor, page))?);
+                    last_seq =
+                        Some(pending.add_reach(&mut append, (site, source, *visitor, page))?);
                 }
                 site_ever = site_day
                     && page_ever
