@@ -5,13 +5,17 @@
 //! (warm-up, `duration` measured, peak RSS read, then SIGTERM: tally commits its queue and
 //! closes the database). The database bytes per stored hit are the main file plus the WAL
 //! after that stop, divided by every hit answered `accepted` (warm-up included).
+//!
+//! Both servers share the host's cores with this load generator, so the ratio is bounded by
+//! CPU: the run also prints the CPU time each server and the generator spent per answered
+//! request during the measured window (`/proc/<pid>/stat`), which says where the cores went.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::drive::{Drive, LegitSource, Stats};
 use crate::mix::{MixArgs, MixKind, Plan};
-use crate::server::{self, DbSize, load_average, mb};
+use crate::server::{self, Cpu, DbSize, load_average, mb};
 
 /// Options of `run`.
 #[derive(Debug, clap::Args)]
@@ -55,14 +59,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let base_server = server::spawn_baseline().await?;
     drive(base_server.addr, 1).run(WARM_UP).await?;
-    let base = drive(base_server.addr, 2).run(duration).await?;
+    let (base, base_cpu) = measured(&base_server, drive(base_server.addr, 2), duration).await?;
     base_server.stop().await?;
 
     let db = dir.join("bench.sqlite");
     let mut tally =
         server::spawn_tally(&args.tally, &db, &args.tally_args, &dir.join("tally.log")).await?;
     let warm = drive(tally.addr, 1).run(WARM_UP).await?;
-    let t = drive(tally.addr, 2).run(duration).await?;
+    let (t, tally_cpu) = measured(&tally, drive(tally.addr, 2), duration).await?;
     let rss = tally.peak_rss_mb().unwrap_or(f64::NAN);
     let crashed = tally.exited();
     let tail = tally.log_tail(10);
@@ -107,6 +111,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         "tally p99: {:.2} ms (goal <= 25 ms); tally peak RSS {rss:.1} MB",
         t.pct(0.99)
     );
+    println!(
+        "CPU per answered hit (µs, from /proc/<pid>/stat, 10 ms ticks): baseline server {:.1} + \
+         load generator {:.1}; tally {:.1} + load generator {:.1}",
+        base_cpu.0, base_cpu.1, tally_cpu.0, tally_cpu.1
+    );
     let stored = warm.accepted + t.accepted;
     let per_hit = |bytes: u64| bytes as f64 / stored.max(1) as f64;
     println!(
@@ -127,6 +136,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         println!("tally had exited during the run ({status}); log tail:\n{tail}");
     }
     Ok(())
+}
+
+/// Drive `server` for `duration`; returns the result and the CPU both processes used meanwhile,
+/// µs per answered request: (server, load generator).
+async fn measured(
+    server: &server::Server,
+    drive: Drive,
+    duration: Duration,
+) -> anyhow::Result<(Stats, (f64, f64))> {
+    let before = Cpu::now(&[server])?;
+    let stats = drive.run(duration).await?;
+    let [server, _, _, generator] = Cpu::now(&[server])?.since(&before).per_hit(stats.ok);
+    Ok((stats, (server, generator)))
 }
 
 pub fn print_row(name: &str, s: &Stats) {

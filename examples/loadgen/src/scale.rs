@@ -3,7 +3,8 @@
 //! the same total connections (split evenly over the collectors), so the rows compare. Every
 //! tally row starts on a fresh database (a new SQLite file; a new PostgreSQL schema, made and
 //! dropped with `psql`, which must be on the PATH). Prints hits/s, p50, p99 and the ratio to the
-//! baseline for each row.
+//! baseline for each row, and where the host's cores went: CPU per answered hit of the
+//! collectors, PostgreSQL, Redis and this generator, and how many cores they kept busy.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use anyhow::{Context, bail};
 use crate::drive::{Drive, LegitSource, Stats};
 use crate::mix::{MixArgs, Plan};
 use crate::run::print_row;
-use crate::server::{self, Server, load_average};
+use crate::server::{self, Cpu, Server, load_average};
 
 /// Options of `scale`.
 #[derive(Debug, clap::Args)]
@@ -71,6 +72,22 @@ async fn drive_all(
     Ok(Stats::combine(parts, duration))
 }
 
+/// [`drive_all`] for `duration`, with the CPU used meanwhile per answered request (µs):
+/// (collectors, PostgreSQL, Redis, load generator).
+async fn measured(
+    servers: &[Server],
+    connections: usize,
+    mix: &MixArgs,
+    salt: u64,
+    duration: Duration,
+) -> anyhow::Result<(Stats, [f64; 4])> {
+    let refs: Vec<&Server> = servers.iter().collect();
+    let before = Cpu::now(&refs)?;
+    let stats = drive_all(servers, connections, mix, salt, duration).await?;
+    let cpu = Cpu::now(&refs)?.since(&before).per_hit(stats.ok);
+    Ok((stats, cpu))
+}
+
 /// `psql URL -c SQL`.
 async fn psql(url: &str, sql: &str) -> anyhow::Result<()> {
     let out = tokio::process::Command::new("psql")
@@ -88,7 +105,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
     let load_before = load_average();
     let duration = Duration::from_secs(args.duration);
     let dir = server::TempDir::new()?;
-    let mut rows: Vec<(String, Stats)> = Vec::new();
+    let mut rows: Vec<(String, Stats, [f64; 4])> = Vec::new();
 
     let base = server::spawn_baseline().await?;
     drive_all(
@@ -99,7 +116,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
         WARM_UP,
     )
     .await?;
-    let b = drive_all(
+    let (b, cpu) = measured(
         std::slice::from_ref(&base),
         args.connections,
         &args.mix,
@@ -108,7 +125,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
     )
     .await?;
     base.stop().await?;
-    rows.push(("baseline".into(), b));
+    rows.push(("baseline".into(), b, cpu));
 
     let common = format!(
         "--rate-limit-per-minute 0 --address-limit-per-minute 0 --auto-sites --new-sites-per-hour 0 --secret {SECRET}"
@@ -123,7 +140,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
         WARM_UP,
     )
     .await?;
-    let s = drive_all(
+    let (s, cpu) = measured(
         std::slice::from_ref(&sqlite),
         args.connections,
         &args.mix,
@@ -132,7 +149,7 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
     )
     .await?;
     sqlite.stop().await?;
-    rows.push(("sqlite x1".into(), s));
+    rows.push(("sqlite x1".into(), s, cpu));
 
     for n in 1..=args.max_collectors.max(1) {
         let schema = format!("tally_scale_{}_{n}", std::process::id());
@@ -159,14 +176,15 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
         let salt = 10 + 2 * n as u64;
         let measured = async {
             drive_all(&servers, args.connections, &args.mix, salt, WARM_UP).await?;
-            drive_all(&servers, args.connections, &args.mix, salt + 1, duration).await
+            measured(&servers, args.connections, &args.mix, salt + 1, duration).await
         }
         .await;
         for s in servers {
             s.stop().await?;
         }
         psql(&args.postgres, &format!("DROP SCHEMA {schema} CASCADE")).await?;
-        rows.push((format!("postgres x{n}"), measured?));
+        let (stats, cpu) = measured?;
+        rows.push((format!("postgres x{n}"), stats, cpu));
     }
 
     println!(
@@ -189,15 +207,34 @@ pub async fn scale(args: ScaleArgs) -> anyhow::Result<()> {
         "{:<14} {:>12} {:>10} {:>10} {:>8}",
         "server", "hits/s", "p50 ms", "p99 ms", "errors"
     );
-    for (name, s) in &rows {
+    for (name, s, _) in &rows {
         print_row(name, s);
     }
     let base_rate = rows[0].1.rate();
     let ratios: Vec<String> = rows
         .iter()
         .skip(1)
-        .map(|(name, s)| format!("{name} {:.2}", s.rate() / base_rate))
+        .map(|(name, s, _)| format!("{name} {:.2}", s.rate() / base_rate))
         .collect();
     println!("ratio to the baseline: {}", ratios.join(", "));
+    // Where the cores went: every process on the host that serves the load, per answered hit
+    // (read from /proc/<pid>/stat, 10 ms ticks; PostgreSQL and Redis are every process of
+    // that name, so other work of theirs on the host counts too).
+    println!(
+        "CPU µs per answered hit: {:<12} {:>10} {:>10} {:>8} {:>10} {:>8} {:>11}",
+        "server", "collectors", "postgres", "redis", "generator", "total", "cores busy"
+    );
+    for (name, s, cpu) in &rows {
+        let total: f64 = cpu.iter().sum();
+        println!(
+            "{:<24} {name:<12} {:>10.1} {:>10.1} {:>8.1} {:>10.1} {total:>8.1} {:>11.2}",
+            "",
+            cpu[0],
+            cpu[1],
+            cpu[2],
+            cpu[3],
+            total * s.rate() / 1e6
+        );
+    }
     Ok(())
 }

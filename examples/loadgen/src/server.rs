@@ -1,8 +1,8 @@
 //! The servers under test as child processes: `tally serve` on a fresh SQLite file and the
 //! do-nothing baseline. A [`Server`] is killed when dropped (error paths, Ctrl-C), stopped with
 //! SIGTERM (so tally commits its queue and closes the database) by [`Server::stop`], and
-//! observed from outside: peak and current RSS from `/proc/<pid>/status`, database bytes from
-//! the file sizes.
+//! observed from outside: peak and current RSS from `/proc/<pid>/status`, CPU time from
+//! `/proc/<pid>/stat`, database bytes from the file sizes.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -101,6 +101,11 @@ impl Server {
         status_kb(self.pid, "VmRSS:").map(|kb| kb / 1024.0)
     }
 
+    /// CPU time (user + system, every thread) the process has used so far.
+    pub fn cpu(&self) -> anyhow::Result<Duration> {
+        cpu_of(&self.pid.to_string())
+    }
+
     /// SIGTERM, then wait (SIGKILL after [`STOP_TIMEOUT`]). Returns whether it stopped by itself.
     pub async fn stop(mut self) -> anyhow::Result<bool> {
         if self.exited().is_some() {
@@ -143,6 +148,88 @@ fn status_kb(pid: u32, field: &str) -> anyhow::Result<f64> {
         .trim_end_matches("kB")
         .trim()
         .parse()?)
+}
+
+/// CPU time (user + system, all threads) of `/proc/<pid>` (`self` for this process), from
+/// fields 14 and 15 of its `stat`, in clock ticks of `USER_HZ` (100 on Linux).
+pub fn cpu_of(pid: &str) -> anyhow::Result<Duration> {
+    Ok(proc_stat(pid)?.1)
+}
+
+/// The command name and CPU time of `/proc/<pid>`.
+fn proc_stat(pid: &str) -> anyhow::Result<(String, Duration)> {
+    const USER_HZ: u64 = 100;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may hold spaces and ')'.
+    let (head, after) = stat.rsplit_once(')').context("malformed /proc stat")?;
+    let comm = head.split_once('(').map_or("", |(_, c)| c).to_owned();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // `after` starts at field 3 (state), so utime (14) and stime (15) are at 11 and 12.
+    let tick = |i: usize| -> anyhow::Result<u64> {
+        Ok(fields.get(i).context("short /proc stat")?.parse::<u64>()?)
+    };
+    let ticks = tick(11)? + tick(12)?;
+    Ok((comm, Duration::from_millis(ticks * 1000 / USER_HZ)))
+}
+
+/// CPU time of every process whose command name is `comm` (e.g. all PostgreSQL backends).
+/// Processes that exit between two readings drop out, so read around a window in which the
+/// set stays the same (the collectors' pools connect before the warm-up).
+fn cpu_of_command(comm: &str) -> Duration {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
+        .filter_map(|pid| proc_stat(&pid).ok())
+        .filter(|(c, _)| c == comm)
+        .map(|(_, t)| t)
+        .sum()
+}
+
+/// CPU time used so far by the parts of one measurement.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu {
+    /// The servers under test (summed).
+    pub servers: Duration,
+    /// Every `postgres` process on the host.
+    pub postgres: Duration,
+    /// Every `redis-server` process on the host.
+    pub redis: Duration,
+    /// This load generator.
+    pub generator: Duration,
+}
+
+impl Cpu {
+    pub fn now(servers: &[&Server]) -> anyhow::Result<Self> {
+        let mut total = Duration::ZERO;
+        for s in servers {
+            total += s.cpu()?;
+        }
+        Ok(Self {
+            servers: total,
+            postgres: cpu_of_command("postgres"),
+            redis: cpu_of_command("redis-server"),
+            generator: cpu_of("self")?,
+        })
+    }
+
+    /// What was used between `earlier` and `self`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            servers: self.servers.saturating_sub(earlier.servers),
+            postgres: self.postgres.saturating_sub(earlier.postgres),
+            redis: self.redis.saturating_sub(earlier.redis),
+            generator: self.generator.saturating_sub(earlier.generator),
+        }
+    }
+
+    /// µs of CPU per answered request: (servers, postgres, redis, generator).
+    pub fn per_hit(&self, answered: u64) -> [f64; 4] {
+        [self.servers, self.postgres, self.redis, self.generator]
+            .map(|d| d.as_secs_f64() * 1e6 / answered.max(1) as f64)
+    }
 }
 
 /// Bytes of a SQLite database on disk: the main file and its write-ahead log.
