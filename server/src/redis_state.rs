@@ -6,6 +6,8 @@
 //! - **Exact and atomic.** Live visitors are a sorted set per key (member = visitor, score = the
 //!   second it was last seen, `ZADD GT`), trimmed on every record, counted with `ZCOUNT` over
 //!   the window: exact distinct visitors across collectors. Live events are per-second counters.
+//!   Records are written in shared pipelines ([`RedisLive`]): a record is in Redis when its
+//!   call returns, and concurrent records of one collector share one round trip.
 //!   The limits are GCRA in one Lua script that checks every quota of a request and charges all
 //!   or none (the same arithmetic as `core::gcra`); the repeat gate is a Lua compare-and-set on
 //!   the time of the last admission. Time comes from the caller, like the in-process versions.
@@ -257,11 +259,52 @@ fn ms(d: Duration) -> u64 {
 // ------------------------------------------------------------------------------------------
 // Live window
 
+/// Live records sent to Redis in one pipeline at most (the rest wait for the next one).
+pub const LIVE_FLUSH_MAX: usize = 512;
+
+/// Live records waiting for a flush at most; a record finding the queue full waits for room
+/// (within its deadline), so the queue's memory is bounded.
+const LIVE_QUEUE: usize = 4096;
+
 /// The live window on Redis.
+///
+/// Records are written by one flusher task per handle, like the ingest queue's group commit:
+/// [`LiveState::record`] queues its entry and waits until a pipeline holding it has been
+/// answered, and the flusher takes everything queued meanwhile (up to [`LIVE_FLUSH_MAX`]) into
+/// one pipeline with one `ZADD` per visitor set and one `INCRBY` per event bucket. So a record
+/// is in Redis when `record` returns (as before), and N concurrent views cost one round trip
+/// and one command per key touched instead of N round trips of ten commands.
 pub struct RedisLive {
     link: Arc<RedisLink>,
     window_secs: i64,
     fallback: MemoryLive,
+    /// The flusher's queue, started by the first record (a runtime exists then).
+    queue: std::sync::OnceLock<tokio::sync::mpsc::Sender<LiveJob>>,
+    flushes: Arc<FlushCount>,
+}
+
+/// One record waiting for the flusher.
+struct LiveJob {
+    entry: LiveEntry,
+    now_ms: i64,
+    done: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Pipelines sent and records they carried (for tests and `/metrics`).
+#[derive(Debug, Default)]
+pub struct FlushCount {
+    pipelines: AtomicU64,
+    records: AtomicU64,
+}
+
+impl FlushCount {
+    /// (pipelines sent, records carried) so far.
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.pipelines.load(Ordering::Relaxed),
+            self.records.load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl RedisLive {
@@ -271,60 +314,139 @@ impl RedisLive {
             link,
             window_secs: i64::from(window_secs.max(1)),
             fallback,
+            queue: std::sync::OnceLock::new(),
+            flushes: Arc::default(),
         }
     }
 
-    fn keys(&self, site: &SiteId, page: Option<&PagePath>) -> (String, String) {
-        let name = match page {
-            Some(p) => name_of(&[site.as_str(), p.as_str()]),
-            None => name_of(&[site.as_str()]),
-        };
-        (
-            self.link.key(format_args!("live:v:{name}")),
-            self.link.key(format_args!("live:e:{name}:")),
-        )
+    /// Pipelines sent so far and the records they carried.
+    pub fn flushes(&self) -> (u64, u64) {
+        self.flushes.get()
     }
+
+    fn keys(&self, site: &SiteId, page: Option<&PagePath>) -> (String, String) {
+        live_keys(&self.link, site, page)
+    }
+
+    fn queue(&self) -> &tokio::sync::mpsc::Sender<LiveJob> {
+        self.queue.get_or_init(|| {
+            let (tx, rx) = tokio::sync::mpsc::channel(LIVE_QUEUE);
+            tokio::spawn(flush_live(
+                rx,
+                Arc::clone(&self.link),
+                self.window_secs,
+                Arc::clone(&self.flushes),
+            ));
+            tx
+        })
+    }
+}
+
+/// The visitor-set key and the event-bucket key prefix of a site or page.
+fn live_keys(link: &RedisLink, site: &SiteId, page: Option<&PagePath>) -> (String, String) {
+    let name = match page {
+        Some(p) => name_of(&[site.as_str(), p.as_str()]),
+        None => name_of(&[site.as_str()]),
+    };
+    (
+        link.key(format_args!("live:v:{name}")),
+        link.key(format_args!("live:e:{name}:")),
+    )
+}
+
+/// The flusher of one [`RedisLive`]: runs until the handle (the queue's sender) is dropped.
+async fn flush_live(
+    mut rx: tokio::sync::mpsc::Receiver<LiveJob>,
+    link: Arc<RedisLink>,
+    window_secs: i64,
+    count: Arc<FlushCount>,
+) {
+    let mut jobs = Vec::with_capacity(LIVE_FLUSH_MAX);
+    while rx.recv_many(&mut jobs, LIVE_FLUSH_MAX).await > 0 {
+        let pipe = live_pipeline(&link, window_secs, &jobs);
+        link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await })
+            .await;
+        count.pipelines.fetch_add(1, Ordering::Relaxed);
+        count
+            .records
+            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        // Answered (or fallen back: every record is in the in-process window too).
+        for job in jobs.drain(..) {
+            let _ = job.done.send(());
+        }
+    }
+}
+
+/// One pipeline for `jobs`: per visitor set one `ZADD GT` of every (second, visitor), one trim
+/// and one TTL; per event bucket (key and second) one `INCRBY` and one TTL. Keys in sorted
+/// order, so a pipeline's content does not depend on hash order.
+fn live_pipeline(link: &RedisLink, window_secs: i64, jobs: &[LiveJob]) -> redis::Pipeline {
+    use std::collections::BTreeMap;
+    let ttl_ms = (window_secs + 1) * 1000;
+    // visitor-set key → (latest second, (second, visitor) pairs)
+    let mut sets: BTreeMap<String, (i64, Vec<(i64, u64)>)> = BTreeMap::new();
+    let mut buckets: BTreeMap<String, u64> = BTreeMap::new();
+    for job in jobs {
+        let sec = job.now_ms.div_euclid(1000);
+        let entry = &job.entry;
+        let mut scopes = vec![live_keys(link, &entry.site, None)];
+        if let Some(page) = &entry.page {
+            scopes.push(live_keys(link, &entry.site, Some(page)));
+        }
+        for (visitors, events) in scopes {
+            let set = sets.entry(visitors).or_insert((sec, Vec::new()));
+            set.0 = set.0.max(sec);
+            set.1.push((sec, entry.visitor));
+            *buckets.entry(format!("{events}{sec}")).or_default() += 1;
+        }
+    }
+    let mut pipe = redis::pipe();
+    for (visitors, (latest, members)) in &sets {
+        pipe.cmd("ZADD").arg(visitors).arg("GT");
+        for (sec, visitor) in members {
+            pipe.arg(sec).arg(visitor);
+        }
+        pipe.ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(visitors)
+            .arg("-inf")
+            .arg(latest - window_secs)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(visitors)
+            .arg(ttl_ms)
+            .ignore();
+    }
+    for (bucket, n) in &buckets {
+        pipe.cmd("INCRBY")
+            .arg(bucket)
+            .arg(n)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(bucket)
+            .arg(ttl_ms)
+            .ignore();
+    }
+    pipe
 }
 
 #[async_trait]
 impl LiveState for RedisLive {
     async fn record(&self, entry: &LiveEntry, now_ms: i64) {
         self.fallback.record(entry, now_ms).await;
-        let sec = now_ms.div_euclid(1000);
-        let ttl_ms = (self.window_secs + 1) * 1000;
-        let mut pipe = redis::pipe();
-        let mut scopes = vec![self.keys(&entry.site, None)];
-        if let Some(page) = &entry.page {
-            scopes.push(self.keys(&entry.site, Some(page)));
-        }
-        for (visitors, events) in &scopes {
-            let bucket = format!("{events}{sec}");
-            pipe.cmd("ZADD")
-                .arg(visitors)
-                .arg("GT")
-                .arg(sec)
-                .arg(entry.visitor)
-                .ignore()
-                .cmd("ZREMRANGEBYSCORE")
-                .arg(visitors)
-                .arg("-inf")
-                .arg(sec - self.window_secs)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(visitors)
-                .arg(ttl_ms)
-                .ignore()
-                .cmd("INCR")
-                .arg(&bucket)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(&bucket)
-                .arg(ttl_ms)
-                .ignore();
-        }
-        self.link
-            .run(|mut c| async move { pipe.query_async::<()>(&mut c).await })
-            .await;
+        let (done, flushed) = tokio::sync::oneshot::channel();
+        let job = LiveJob {
+            entry: entry.clone(),
+            now_ms,
+            done,
+        };
+        let queued = async {
+            if self.queue().send(job).await.is_ok() {
+                let _ = flushed.await;
+            }
+        };
+        // The flusher answers within its own OP_TIMEOUT; this bounds the wait for queue room.
+        let _ = tokio::time::timeout(2 * OP_TIMEOUT, queued).await;
     }
 
     async fn read(&self, site: &SiteId, page: Option<&PagePath>, now_ms: i64) -> LiveNumbers {

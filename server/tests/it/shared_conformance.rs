@@ -99,6 +99,63 @@ async fn live_window_is_the_union_of_handles(state: &impl SharedHarness) {
     assert_eq!((gone.events, gone.visitors), (0, 0));
 }
 
+/// Many records sent at once through two handles (repeat visitors, three pages, custom events,
+/// five successive seconds) give exactly the numbers a model of the window gives, while all of
+/// them are in it and after the first seconds have left it.
+async fn live_counts_many_concurrent_records_exactly(state: &impl SharedHarness) {
+    use std::collections::HashSet;
+    let (a, b) = (state.live(), state.live());
+    let pages = ["/a", "/b", "/c"];
+    // (page or None, visitor, ms)
+    let records: Vec<(Option<&str>, u64, i64)> = (0..400u64)
+        .map(|i| {
+            let page = if i % 10 == 9 {
+                None
+            } else {
+                Some(pages[(i % 3) as usize])
+            };
+            // Time only moves forward, as a server's clock does (seconds 0..=4 in turn).
+            (page, i % 97, T0_MS + (i as i64 / 80) * 1000 + i as i64 % 80)
+        })
+        .collect();
+    let sends = records.iter().enumerate().map(|(i, (p, v, ms))| {
+        let h = if i % 2 == 0 { &a } else { &b };
+        let e = entry("s", *p, *v);
+        async move { h.record(&e, *ms).await }
+    });
+    futures_util::future::join_all(sends).await;
+    let window = i64::from(LIVE_WINDOW_SECS);
+    // The model: a record is in the window at `now` while now's second - its second < window.
+    let model = |scope: Option<&str>, now: i64| -> (u64, u64) {
+        let inside: Vec<_> = records
+            .iter()
+            .filter(|(p, _, _)| scope.is_none() || *p == scope)
+            .filter(|(_, _, ms)| now.div_euclid(1000) - ms.div_euclid(1000) < window)
+            .collect();
+        let visitors: HashSet<u64> = inside.iter().map(|r| r.1).collect();
+        (inside.len() as u64, visitors.len() as u64)
+    };
+    let early = T0_MS + 5_000;
+    // Two seconds of records have left the window, three are still in it.
+    let late = T0_MS + window * 1000 + 1_000;
+    assert_eq!(model(None, early), (400, 97), "the model itself");
+    assert!(model(None, late).0 > 0 && model(None, late).0 < 400);
+    for now in [early, late] {
+        for h in [&a, &b] {
+            let all = h.read(&site("s"), None, now).await;
+            assert_eq!(
+                (all.events, all.visitors),
+                model(None, now),
+                "site at {now}"
+            );
+            for p in pages {
+                let n = h.read(&site("s"), Some(&page(p)), now).await;
+                assert_eq!((n.events, n.visitors), model(Some(p), now), "{p} at {now}");
+            }
+        }
+    }
+}
+
 /// Quotas charged through one handle are charged for all; a refused request charges nothing;
 /// more than a burst at once is `Never`; other addresses and the proxy lane are apart.
 async fn limits_are_shared_and_all_or_nothing(state: &impl SharedHarness) {
@@ -278,6 +335,7 @@ macro_rules! shared_backends {
             const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
             shared_checks!($harness;
                 live_window_is_the_union_of_handles: HOUR,
+                live_counts_many_concurrent_records_exactly: HOUR,
                 limits_are_shared_and_all_or_nothing: HOUR,
                 new_site_creation_is_limited_per_network: HOUR,
                 wrong_guesses_are_limited_per_network_across_handles: HOUR,
@@ -369,6 +427,39 @@ mod on_redis {
                 MemorySiteCache::new(self.site_ttl, 1000),
             ))
         }
+    }
+
+    /// Records sent at once share Redis pipelines (one round trip for many views, not one
+    /// each), and every one of them is in Redis when its `record` returns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_live_records_share_pipelines() {
+        if url().is_none() {
+            return;
+        }
+        let state = Redis::fresh(Duration::from_secs(3600));
+        let live = RedisLive::new(
+            state.link(),
+            LIVE_WINDOW_SECS,
+            MemoryLive::new(LIVE_WINDOW_SECS, 1000, 1000, 10_000),
+        );
+        let sends = (0..300u64).map(|v| {
+            let e = entry("s", Some(if v % 2 == 0 { "/a" } else { "/b" }), v);
+            let live = &live;
+            async move { live.record(&e, T0_MS).await }
+        });
+        futures_util::future::join_all(sends).await;
+        let (pipelines, records) = live.flushes();
+        assert_eq!(records, 300);
+        assert!(
+            pipelines <= 30,
+            "300 concurrent records took {pipelines} pipelines"
+        );
+        // Read through another connection, as another collector would.
+        let other = state.live();
+        let all = other.read(&site("s"), None, T0_MS + 1).await;
+        assert_eq!((all.events, all.visitors), (300, 300));
+        let a = other.read(&site("s"), Some(&page("/a")), T0_MS + 1).await;
+        assert_eq!((a.events, a.visitors), (150, 150));
     }
 
     impl Drop for Redis {
