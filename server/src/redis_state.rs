@@ -7,7 +7,8 @@
 //!   second it was last seen, `ZADD GT`), trimmed on every record, counted with `ZCOUNT` over
 //!   the window: exact distinct visitors across collectors. Live events are per-second counters.
 //!   Records are written in shared pipelines ([`RedisLive`]): a record is in Redis when its
-//!   call returns, and concurrent records of one collector share one round trip.
+//!   call returns (or counted as a fallback after 2 × [`OP_TIMEOUT`]), and concurrent records
+//!   of one collector share round trips.
 //!   The limits are GCRA in one Lua script that checks every quota of a request and charges all
 //!   or none (the same arithmetic as `core::gcra`); the repeat gate is a Lua compare-and-set on
 //!   the time of the last admission. Time comes from the caller, like the in-process versions.
@@ -262,24 +263,32 @@ fn ms(d: Duration) -> u64 {
 /// Live records sent to Redis in one pipeline at most (the rest wait for the next one).
 pub const LIVE_FLUSH_MAX: usize = 512;
 
+/// Live pipelines of one collector in flight at once (more records wait and join the next).
+const LIVE_IN_FLIGHT: usize = 4;
+
 /// Live records waiting for a flush at most; a record finding the queue full waits for room
 /// (within its deadline), so the queue's memory is bounded.
 const LIVE_QUEUE: usize = 4096;
 
 /// The live window on Redis.
 ///
-/// Records are written by one flusher task per handle, like the ingest queue's group commit:
+/// Records are written by a flusher task per handle, like the ingest queue's group commit:
 /// [`LiveState::record`] queues its entry and waits until a pipeline holding it has been
 /// answered, and the flusher takes everything queued meanwhile (up to [`LIVE_FLUSH_MAX`]) into
-/// one pipeline with one `ZADD` per visitor set and one `INCRBY` per event bucket. So a record
-/// is in Redis when `record` returns (as before), and N concurrent views cost one round trip
-/// and one command per key touched instead of N round trips of ten commands.
+/// one pipeline with, per visitor set, one `ZADD` of all its (second, visitor) pairs, one trim
+/// and one TTL, and per event bucket one `INCRBY` and one TTL; up to [`LIVE_IN_FLIGHT`]
+/// pipelines are in flight at once. So N concurrent views cost a few round trips and a few
+/// commands per key touched instead of N round trips of ten commands. A record waits at most
+/// 2 × [`OP_TIMEOUT`] (for room in the queue, then for its pipeline, which has its own
+/// [`OP_TIMEOUT`]); a record that cannot reach Redis in that time counts as a fallback
+/// ([`RedisHealth`]) and is only in this process's window.
 pub struct RedisLive {
     link: Arc<RedisLink>,
     window_secs: i64,
     fallback: MemoryLive,
-    /// The flusher's queue, started by the first record (a runtime exists then).
-    queue: std::sync::OnceLock<tokio::sync::mpsc::Sender<LiveJob>>,
+    /// The flusher's queue: started by the first record (a runtime exists then), started
+    /// again if its task has ended (its runtime shut down).
+    queue: std::sync::Mutex<Option<tokio::sync::mpsc::Sender<LiveJob>>>,
     flushes: Arc<FlushCount>,
 }
 
@@ -290,7 +299,7 @@ struct LiveJob {
     done: tokio::sync::oneshot::Sender<()>,
 }
 
-/// Pipelines sent and records they carried (for tests and `/metrics`).
+/// Pipelines built and records they carried (for tests).
 #[derive(Debug, Default)]
 pub struct FlushCount {
     pipelines: AtomicU64,
@@ -298,7 +307,8 @@ pub struct FlushCount {
 }
 
 impl FlushCount {
-    /// (pipelines sent, records carried) so far.
+    /// (pipelines built, records carried) so far; a pipeline built while Redis rests after a
+    /// failure is not sent.
     pub fn get(&self) -> (u64, u64) {
         (
             self.pipelines.load(Ordering::Relaxed),
@@ -314,12 +324,12 @@ impl RedisLive {
             link,
             window_secs: i64::from(window_secs.max(1)),
             fallback,
-            queue: std::sync::OnceLock::new(),
+            queue: std::sync::Mutex::new(None),
             flushes: Arc::default(),
         }
     }
 
-    /// Pipelines sent so far and the records they carried.
+    /// Pipelines built so far and the records they carried.
     pub fn flushes(&self) -> (u64, u64) {
         self.flushes.get()
     }
@@ -328,17 +338,24 @@ impl RedisLive {
         live_keys(&self.link, site, page)
     }
 
-    fn queue(&self) -> &tokio::sync::mpsc::Sender<LiveJob> {
-        self.queue.get_or_init(|| {
-            let (tx, rx) = tokio::sync::mpsc::channel(LIVE_QUEUE);
-            tokio::spawn(flush_live(
-                rx,
-                Arc::clone(&self.link),
-                self.window_secs,
-                Arc::clone(&self.flushes),
-            ));
-            tx
-        })
+    /// The flusher's queue, starting the flusher when there is none (or it has ended).
+    fn queue(&self) -> tokio::sync::mpsc::Sender<LiveJob> {
+        let mut slot = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tx) = slot.as_ref().filter(|tx| !tx.is_closed()) {
+            return tx.clone();
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(LIVE_QUEUE);
+        tokio::spawn(flush_live(
+            rx,
+            Arc::clone(&self.link),
+            self.window_secs,
+            Arc::clone(&self.flushes),
+        ));
+        *slot = Some(tx.clone());
+        tx
     }
 }
 
@@ -361,19 +378,31 @@ async fn flush_live(
     window_secs: i64,
     count: Arc<FlushCount>,
 ) {
-    let mut jobs = Vec::with_capacity(LIVE_FLUSH_MAX);
-    while rx.recv_many(&mut jobs, LIVE_FLUSH_MAX).await > 0 {
+    let slots = Arc::new(tokio::sync::Semaphore::new(LIVE_IN_FLIGHT));
+    loop {
+        // Wait for a free slot first: records arriving meanwhile join the next pipeline.
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let mut jobs = Vec::with_capacity(LIVE_FLUSH_MAX);
+        if rx.recv_many(&mut jobs, LIVE_FLUSH_MAX).await == 0 {
+            return;
+        }
         let pipe = live_pipeline(&link, window_secs, &jobs);
-        link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await })
-            .await;
         count.pipelines.fetch_add(1, Ordering::Relaxed);
         count
             .records
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);
-        // Answered (or fallen back: every record is in the in-process window too).
-        for job in jobs.drain(..) {
-            let _ = job.done.send(());
-        }
+        let link = Arc::clone(&link);
+        tokio::spawn(async move {
+            link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await })
+                .await;
+            drop(slot);
+            // Answered (or fallen back: every record is in the in-process window too).
+            for job in jobs {
+                let _ = job.done.send(());
+            }
+        });
     }
 }
 
@@ -440,13 +469,20 @@ impl LiveState for RedisLive {
             now_ms,
             done,
         };
+        let queue = self.queue();
         let queued = async {
-            if self.queue().send(job).await.is_ok() {
-                let _ = flushed.await;
-            }
+            queue.send(job).await.map_err(|_| "live flusher gone")?;
+            flushed.await.map_err(|_| "live flusher gone")
         };
-        // The flusher answers within its own OP_TIMEOUT; this bounds the wait for queue room.
-        let _ = tokio::time::timeout(2 * OP_TIMEOUT, queued).await;
+        // The pipeline answers within its own OP_TIMEOUT; this also bounds the wait for room.
+        match tokio::time::timeout(2 * OP_TIMEOUT, queued).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.link.health.failed(e),
+            Err(_) => self
+                .link
+                .health
+                .failed("live records queued beyond their deadline"),
+        }
     }
 
     async fn read(&self, site: &SiteId, page: Option<&PagePath>, now_ms: i64) -> LiveNumbers {

@@ -462,6 +462,45 @@ mod on_redis {
         assert_eq!((a.events, a.visitors), (150, 150));
     }
 
+    /// A visitor set in Redis keeps only the visitors of the window of its latest record, also
+    /// when old and new records share one pipeline: its memory is bounded by the window.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn live_visitor_sets_are_trimmed_to_the_window_in_redis() {
+        if url().is_none() {
+            return;
+        }
+        let state = Redis::fresh(Duration::from_secs(3600));
+        let live = state.live();
+        let window_ms = i64::from(LIVE_WINDOW_SECS) * 1000;
+        live.record(&entry("s", None, 1), T0_MS).await;
+        live.record(&entry("s", None, 2), T0_MS + 1_000).await;
+        // Sent together: most likely one pipeline holding both seconds.
+        let late = T0_MS + 10 * window_ms;
+        let (old, new) = (entry("s", None, 3), entry("s", None, 4));
+        futures_util::join!(live.record(&old, late - window_ms), live.record(&new, late));
+        let client = ::redis::Client::open(state.url.as_str()).expect("url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg(format!("{}live:v:*", state.prefix))
+            .query_async(&mut conn)
+            .await
+            .expect("keys");
+        assert_eq!(keys.len(), 1, "one visitor set: the site's");
+        let members: Vec<u64> = ::redis::cmd("ZRANGE")
+            .arg(&keys[0])
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .expect("zrange");
+        assert_eq!(members, vec![4], "only the latest window's visitor is kept");
+        let n = live.read(&site("s"), None, late).await;
+        assert_eq!((n.events, n.visitors), (1, 1));
+    }
+
     impl Drop for Redis {
         fn drop(&mut self) {
             // Synchronous: no runtime is guaranteed here.
