@@ -580,10 +580,13 @@ async fn events(
         }
         if !records.is_empty() {
             let outcomes = state.ingest.submit(records.clone()).await?;
+            // Observed together: with `--redis` the batch's live records share a pipeline.
+            let mut observed = Vec::with_capacity(records.len());
             for ((slot, record), outcome) in slots.into_iter().zip(&records).zip(outcomes) {
-                observe(&state, record, outcome).await;
+                observed.push(observe(&state, record, outcome));
                 results[slot].status = status_of(outcome);
             }
+            futures_util::future::join_all(observed).await;
         }
         Ok(Json(BatchResponse { results }))
     };
