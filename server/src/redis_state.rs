@@ -299,21 +299,38 @@ struct LiveJob {
     done: tokio::sync::oneshot::Sender<()>,
 }
 
-/// Pipelines built and records they carried (for tests).
+/// Pipelines built so far (for tests); a pipeline built while Redis rests after a failure is
+/// not sent.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Flushes {
+    pub pipelines: u64,
+    /// Records they carried.
+    pub records: u64,
+    /// Records in the largest one.
+    pub largest: u64,
+}
+
 #[derive(Debug, Default)]
-pub struct FlushCount {
+struct FlushCount {
     pipelines: AtomicU64,
     records: AtomicU64,
+    largest: AtomicU64,
 }
 
 impl FlushCount {
-    /// (pipelines built, records carried) so far; a pipeline built while Redis rests after a
-    /// failure is not sent.
-    pub fn get(&self) -> (u64, u64) {
-        (
-            self.pipelines.load(Ordering::Relaxed),
-            self.records.load(Ordering::Relaxed),
-        )
+    fn add(&self, records: usize) {
+        let records = records as u64;
+        self.pipelines.fetch_add(1, Ordering::Relaxed);
+        self.records.fetch_add(records, Ordering::Relaxed);
+        self.largest.fetch_max(records, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Flushes {
+        Flushes {
+            pipelines: self.pipelines.load(Ordering::Relaxed),
+            records: self.records.load(Ordering::Relaxed),
+            largest: self.largest.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -330,12 +347,8 @@ impl RedisLive {
     }
 
     /// Pipelines built so far and the records they carried.
-    pub fn flushes(&self) -> (u64, u64) {
+    pub fn flushes(&self) -> Flushes {
         self.flushes.get()
-    }
-
-    fn keys(&self, site: &SiteId, page: Option<&PagePath>) -> (String, String) {
-        live_keys(&self.link, site, page)
     }
 
     /// The flusher's queue, starting the flusher when there is none (or it has ended).
@@ -389,10 +402,7 @@ async fn flush_live(
             return;
         }
         let pipe = live_pipeline(&link, window_secs, &jobs);
-        count.pipelines.fetch_add(1, Ordering::Relaxed);
-        count
-            .records
-            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        count.add(jobs.len());
         let link = Arc::clone(&link);
         tokio::spawn(async move {
             link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await })
@@ -418,11 +428,9 @@ fn live_pipeline(link: &RedisLink, window_secs: i64, jobs: &[LiveJob]) -> redis:
     for job in jobs {
         let sec = job.now_ms.div_euclid(1000);
         let entry = &job.entry;
-        let mut scopes = vec![live_keys(link, &entry.site, None)];
-        if let Some(page) = &entry.page {
-            scopes.push(live_keys(link, &entry.site, Some(page)));
-        }
-        for (visitors, events) in scopes {
+        // The site, and the page when there is one.
+        let scopes = std::iter::once(None).chain(entry.page.as_ref().map(Some));
+        for (visitors, events) in scopes.map(|page| live_keys(link, &entry.site, page)) {
             let set = sets.entry(visitors).or_insert((sec, Vec::new()));
             set.0 = set.0.max(sec);
             set.1.push((sec, entry.visitor));
@@ -487,7 +495,7 @@ impl LiveState for RedisLive {
 
     async fn read(&self, site: &SiteId, page: Option<&PagePath>, now_ms: i64) -> LiveNumbers {
         let sec = now_ms.div_euclid(1000);
-        let (visitors, events) = self.keys(site, page);
+        let (visitors, events) = live_keys(&self.link, site, page);
         // An event of second `s` is in the window while `sec - s < window`.
         let buckets: Vec<String> = ((sec - self.window_secs + 1)..=sec)
             .map(|s| format!("{events}{s}"))

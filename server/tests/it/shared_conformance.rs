@@ -448,7 +448,9 @@ mod on_redis {
             async move { live.record(&e, T0_MS).await }
         });
         futures_util::future::join_all(sends).await;
-        let (pipelines, records) = live.flushes();
+        let tally::redis_state::Flushes {
+            pipelines, records, ..
+        } = live.flushes();
         assert_eq!(records, 300);
         assert!(
             pipelines <= 30,
