@@ -464,6 +464,40 @@ mod on_redis {
         assert_eq!((a.events, a.visitors), (150, 150));
     }
 
+    /// A flood of records sent at once is cut into pipelines of at most `LIVE_FLUSH_MAX`
+    /// records, and none of them is lost. One task per record on one thread: every record is
+    /// queued before the flusher (spawned by the first) first runs, so without the cap they
+    /// would all go in one pipeline.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_flood_of_live_records_is_cut_into_bounded_pipelines() {
+        if url().is_none() {
+            return;
+        }
+        let state = Redis::fresh(Duration::from_secs(3600));
+        let live = Arc::new(RedisLive::new(
+            state.link(),
+            LIVE_WINDOW_SECS,
+            MemoryLive::new(LIVE_WINDOW_SECS, 10_000, 1000, 100_000),
+        ));
+        let n = 4 * tally::redis_state::LIVE_FLUSH_MAX as u64 + 1;
+        let tasks: Vec<_> = (0..n)
+            .map(|v| {
+                let live = Arc::clone(&live);
+                tokio::spawn(async move { live.record(&entry("s", None, v), T0_MS).await })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("record task");
+        }
+        let max = tally::redis_state::LIVE_FLUSH_MAX as u64;
+        let flushes = live.flushes();
+        assert_eq!(flushes.records, n);
+        assert_eq!(flushes.largest, max, "{flushes:?}");
+        assert!(flushes.pipelines >= 5, "{flushes:?}");
+        let all = state.live().read(&site("s"), None, T0_MS + 1).await;
+        assert_eq!((all.events, all.visitors), (n, n));
+    }
+
     /// A visitor set in Redis keeps only the visitors of the window of its latest record, also
     /// when old and new records share one pipeline: its memory is bounded by the window.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
