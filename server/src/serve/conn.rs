@@ -33,7 +33,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
@@ -84,11 +84,14 @@ impl Expiry {
 }
 
 /// The phase clock of one connection, shared by its I/O, its requests and its watchdog.
+///
+/// Nothing here wakes the watchdog: every deadline a change can set lies at least the
+/// smaller of the two timeouts after that change (a head's first byte starts the header
+/// clock, the last answer the idle clock), so a watchdog that looks again no later than that
+/// long after each look never misses one (see [`serve_connection`]). A request costs no task
+/// wake-up and no timer reset for its clock.
 pub(crate) struct Activity {
     phase: Mutex<Phase>,
-    /// Wakes the watchdog when its deadline may have moved earlier (a head started, or the
-    /// last open request ended).
-    changed: Notify,
 }
 
 impl Activity {
@@ -100,7 +103,6 @@ impl Activity {
                 quiet_since: now,
                 head_since: Some(now),
             }),
-            changed: Notify::new(),
         }
     }
 
@@ -114,8 +116,6 @@ impl Activity {
         let mut phase = self.phase();
         if phase.open == 0 && phase.head_since.is_none() {
             phase.head_since = Some(Instant::now());
-            drop(phase);
-            self.changed.notify_one();
         }
     }
 
@@ -133,8 +133,6 @@ impl Activity {
         if phase.open == 0 {
             phase.quiet_since = Instant::now();
             phase.head_since = None;
-            drop(phase);
-            self.changed.notify_one();
         }
     }
 
@@ -181,16 +179,32 @@ pub(crate) async fn serve_connection(
     };
     let conn = shared.builder.serve_connection(io, service);
     tokio::pin!(conn);
-    let watchdog = tokio::time::sleep(shared.config.idle_timeout);
+    // The watchdog looks at the phase no later than `recheck` after its last look: no change
+    // made since can have set a deadline earlier than that (see [`Activity`]).
+    let recheck = shared.config.header_timeout.min(shared.config.idle_timeout);
+    let watchdog = tokio::time::sleep(recheck);
     tokio::pin!(watchdog);
     let mut stopping = false;
     loop {
+        let now = Instant::now();
         let deadline = activity.deadline(&shared.config);
-        if let Some((at, _)) = deadline
-            && watchdog.deadline() != at
+        if let Some((at, why)) = deadline
+            && at <= now
         {
-            watchdog.as_mut().reset(at);
+            tracing::debug!(reason = why.reason(), "closing connection");
+            shared
+                .metrics
+                .connections_cut
+                .get_or_create(&ReasonLabel {
+                    reason: why.reason(),
+                })
+                .inc();
+            return;
         }
+        let look_again = now + recheck;
+        watchdog
+            .as_mut()
+            .reset(deadline.map_or(look_again, |(at, _)| at.min(look_again)));
         tokio::select! {
             served = conn.as_mut() => {
                 if let Err(e) = served {
@@ -202,16 +216,7 @@ pub(crate) async fn serve_connection(
                 stopping = true;
                 conn.as_mut().graceful_shutdown();
             }
-            () = activity.changed.notified() => {}
-            () = &mut watchdog, if deadline.is_some() => {
-                if let Some((at, why)) = activity.deadline(&shared.config)
-                    && at <= Instant::now()
-                {
-                    tracing::debug!(reason = why.reason(), "closing connection");
-                    shared.metrics.connections_cut.get_or_create(&ReasonLabel { reason: why.reason() }).inc();
-                    return;
-                }
-            }
+            () = &mut watchdog => {}
         }
     }
 }
