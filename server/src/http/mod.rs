@@ -28,6 +28,7 @@ mod compress;
 mod counts;
 mod dashboard;
 mod error;
+mod headers;
 mod hit;
 mod openapi;
 mod ops;
@@ -41,9 +42,9 @@ use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Router};
+use headers::{HeaderLayer, HeaderRule};
 
 pub use error::ApiError;
 
@@ -314,7 +315,7 @@ pub fn app(state: AppState) -> Router {
     let (routes, doc) = routes();
     routes
         .layer(Extension(openapi::Document::new(&doc)))
-        .layer(middleware::from_fn(nosniff))
+        .layer(HeaderLayer(NoSniff))
         .layer(compress::layer())
         .with_state(state)
 }
@@ -347,7 +348,7 @@ fn documented() -> utoipa_axum::router::OpenApiRouter<AppState> {
         .merge(badge::pixel_router())
         .merge(dashboard::api_router())
         .merge(openapi::router())
-        .layer(middleware::from_fn(api_headers));
+        .layer(HeaderLayer(ApiHeaders));
     api.merge(ops::router()).merge(badge::router())
 }
 
@@ -360,51 +361,77 @@ fn pages() -> Router<AppState> {
 }
 
 /// `X-Content-Type-Options: nosniff` on every answer: browsers use the declared type only.
-async fn nosniff(request: Request, next: Next) -> Response {
-    let mut response = next.run(request).await;
-    response.headers_mut().insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    response
+#[derive(Debug, Clone, Copy)]
+struct NoSniff;
+
+impl HeaderRule for NoSniff {
+    type Facts = ();
+
+    fn read<B>(&self, _: &Request<B>) {}
+
+    fn write(&self, (): (), h: &mut HeaderMap) {
+        h.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+    }
 }
 
 /// CORS and caching headers for every `/api/*` answer.
-async fn api_headers(request: Request, next: Next) -> Response {
-    let origin = request.headers().get(header::ORIGIN).cloned();
-    let path = request.uri().path();
-    // Stats JSON is for the dashboard (same origin) and bearer-token scripts: no CORS, so a
-    // page elsewhere can never read a private site's numbers with the admin cookie.
-    let cors = !path.starts_with("/api/v1/sites/");
-    // Beacons are sent with credentials; only the counting endpoints (which read no cookie)
-    // allow them.
-    let counting = matches!(path, "/api/v1/hit" | "/api/v1/events");
-    let mut response = next.run(request).await;
-    let h = response.headers_mut();
-    // Whether this origin may send for the requested site is decided by the handler (403);
-    // echoing it here lets the page read that answer.
-    if let (Some(origin), true) = (origin, cors) {
-        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        if counting {
-            h.insert(
-                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
-                HeaderValue::from_static("true"),
-            );
-        }
-        h.insert(
-            header::ACCESS_CONTROL_EXPOSE_HEADERS,
-            HeaderValue::from_static("Retry-After"),
-        );
-    }
-    h.append(header::VARY, HeaderValue::from_static("Origin"));
-    // Only the document says it may be cached; every other API answer is live.
-    if !h.contains_key(header::CACHE_CONTROL) {
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    }
-    response
+#[derive(Debug, Clone, Copy)]
+struct ApiHeaders;
+
+/// What [`ApiHeaders`] reads off a request.
+struct ApiFacts {
+    /// The `Origin` to echo, when the route allows CORS.
+    cors_origin: Option<HeaderValue>,
+    /// A counting endpoint: credentials allowed.
+    counting: bool,
 }
 
-/// The answer to a CORS preflight (`OPTIONS`); [`api_headers`] adds the echoed origin.
+impl HeaderRule for ApiHeaders {
+    type Facts = ApiFacts;
+
+    fn read<B>(&self, request: &Request<B>) -> ApiFacts {
+        let path = request.uri().path();
+        // Stats JSON is for the dashboard (same origin) and bearer-token scripts: no CORS, so
+        // a page elsewhere can never read a private site's numbers with the admin cookie.
+        let cors = !path.starts_with("/api/v1/sites/");
+        ApiFacts {
+            cors_origin: cors
+                .then(|| request.headers().get(header::ORIGIN).cloned())
+                .flatten(),
+            // Beacons are sent with credentials; only the counting endpoints (which read no
+            // cookie) allow them.
+            counting: matches!(path, "/api/v1/hit" | "/api/v1/events"),
+        }
+    }
+
+    fn write(&self, facts: ApiFacts, h: &mut HeaderMap) {
+        // Whether this origin may send for the requested site is decided by the handler
+        // (403); echoing it here lets the page read that answer.
+        if let Some(origin) = facts.cors_origin {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            if facts.counting {
+                h.insert(
+                    header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                    HeaderValue::from_static("true"),
+                );
+            }
+            h.insert(
+                header::ACCESS_CONTROL_EXPOSE_HEADERS,
+                HeaderValue::from_static("Retry-After"),
+            );
+        }
+        h.append(header::VARY, HeaderValue::from_static("Origin"));
+        // Only the document says it may be cached; every other API answer is live.
+        if !h.contains_key(header::CACHE_CONTROL) {
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
+    }
+}
+
+/// The answer to a CORS preflight (`OPTIONS`); [`ApiHeaders`] adds the echoed origin.
 pub async fn preflight() -> Response {
     let mut r = StatusCode::NO_CONTENT.into_response();
     let h = r.headers_mut();
