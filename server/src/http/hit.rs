@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, RawQuery, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use serde::Deserialize;
@@ -368,10 +368,12 @@ or its wrong keys) is used up.", body = ErrorBody, headers(("Retry-After" = u64,
 async fn hit(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Result<Json<HitResponse>, ApiError> {
+    // The request taken whole: its headers are read in place (the `HeaderMap` extractor
+    // would clone them on every hit).
+    let (parts, body) = request.into_parts();
+    let (headers, query) = (parts.headers, parts.uri.query());
     let run = async {
         let sender = Sender::from_request(&state, peer, &headers);
         let now = state.clock.now();
@@ -399,7 +401,7 @@ async fn hit(
                 (status_of(outcome), site, record.page)
             }
         };
-        let counts = match wants_counts(query.as_deref()) {
+        let counts = match wants_counts(query) {
             true => Some(super::counts::counts_for(&state, &site, &page).await?),
             false => None,
         };
