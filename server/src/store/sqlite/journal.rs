@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use rusqlite::{Transaction, params};
+use rusqlite::{Connection, params};
 
 use super::StoreError;
 use super::schema::ALL_TIME;
@@ -54,9 +54,10 @@ pub(super) struct Pending {
 impl Pending {
     /// At the start of a batch's transaction: make the copy trustworthy, moving the journal
     /// into the tables when it is stale or full. Returns whether it moved the journal.
-    pub(super) fn begin(&mut self, tx: &Transaction<'_>) -> Result<bool, StoreError> {
-        let last: Option<i64> =
-            tx.query_row("SELECT max(seq) FROM set_journal", [], |r| r.get(0))?;
+    pub(super) fn begin(&mut self, tx: &Connection) -> Result<bool, StoreError> {
+        let last: Option<i64> = tx
+            .prepare_cached("SELECT max(seq) FROM set_journal")?
+            .query_row([], |r| r.get(0))?;
         let trusted = self.valid
             && last == self.last_seq
             && self.visits.len() + self.reach.len() < FLUSH_ROWS;
@@ -137,7 +138,7 @@ impl Pending {
 pub(super) struct Appender<'t>(rusqlite::CachedStatement<'t>);
 
 impl<'t> Appender<'t> {
-    pub(super) fn new(tx: &'t Transaction<'_>) -> Result<Self, StoreError> {
+    pub(super) fn new(tx: &'t Connection) -> Result<Self, StoreError> {
         Ok(Self(tx.prepare_cached(
             "INSERT INTO set_journal (day, scope, source, visitor, site) \
              VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -161,7 +162,7 @@ impl<'t> Appender<'t> {
 
 /// Move every journal row into `visits` and `reach`, in key order, and empty the journal.
 /// Returns the rows moved.
-pub(super) fn flush(tx: &Transaction<'_>) -> Result<usize, StoreError> {
+pub(super) fn flush(tx: &Connection) -> Result<usize, StoreError> {
     let rows: i64 = tx.query_row("SELECT COUNT(*) FROM set_journal", [], |r| r.get(0))?;
     if rows == 0 {
         return Ok(0);

@@ -17,6 +17,44 @@
 
 use super::*;
 
+/// The write transaction of one batch. `BEGIN IMMEDIATE` and `COMMIT` are cached statements,
+/// prepared once per connection instead of parsed again for every batch (as rusqlite's
+/// `Transaction` does); dropped without a successful commit, it rolls back.
+struct BatchTx<'c> {
+    conn: &'c Connection,
+    open: bool,
+}
+
+impl<'c> BatchTx<'c> {
+    fn begin(conn: &'c Connection) -> Result<Self, StoreError> {
+        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        Ok(Self { conn, open: true })
+    }
+
+    fn commit(mut self) -> Result<(), StoreError> {
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for BatchTx<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for BatchTx<'_> {
+    fn drop(&mut self) {
+        // An error (or a failed COMMIT) left the transaction open: nothing of it may stay.
+        if self.open && !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+}
+
 /// Counter increments of one batch: (scope, source, day) → (views, new visitors), in key order.
 type Deltas = std::collections::BTreeMap<(i64, i64, i64), (i64, i64)>;
 
@@ -53,7 +91,7 @@ fn commit_inner(
     } = writer;
     // Visitor rows this batch writes; remembered in `seen` only once the batch has committed.
     let mut written: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let tx = BatchTx::begin(conn)?;
     pending.begin(&tx)?;
     // The journal's highest seq after this batch's appends.
     let mut last_seq: Option<i64> = None;
