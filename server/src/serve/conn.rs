@@ -323,6 +323,87 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// One connection served on loopback under `config`; returns the client's socket.
+    async fn one_connection(config: ServerConfig) -> TcpStream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let shared = Arc::new(Shared {
+            builder: super::super::builder(),
+            router: Router::new().route("/", axum::routing::get(|| async { "ok" })),
+            config,
+            metrics: Arc::new(Metrics::new()),
+        });
+        tokio::spawn(async move {
+            let (stream, peer) = listener.accept().await.expect("accept");
+            let (_stop_tx, stop) = watch::channel(false);
+            serve_connection(stream, peer, shared, stop).await;
+        });
+        TcpStream::connect(addr).await.expect("connect")
+    }
+
+    /// Read until the server closes the connection; returns everything read.
+    async fn read_to_close(stream: &mut TcpStream) -> String {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return String::from_utf8_lossy(&all).into_owned(),
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    /// Send one request and read its whole answer (the test router's body is `ok`).
+    async fn exchange(stream: &mut TcpStream) {
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+            .await
+            .expect("write");
+        let mut all = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !all.ends_with(b"ok") {
+            let n = stream.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed before the answer");
+            all.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    // The watchdog is never signalled: these pin that it still cuts each connection at the
+    // deadline its phase sets, not at one it saw earlier (paused time: exact to the tick).
+    // With the watchdog waiting for the idle deadline it last saw, the first fails (25 s).
+    #[tokio::test(start_paused = true)]
+    async fn a_head_begun_after_a_long_quiet_spell_is_cut_at_its_own_deadline() {
+        let config = config();
+        let mut client = one_connection(config).await;
+        exchange(&mut client).await;
+        // Quiet for 50 s: the idle deadline (75 s) is still ahead when a head begins.
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        client.write_all(b"GET / HT").await.expect("write");
+        let head = Instant::now();
+        assert_eq!(
+            read_to_close(&mut client).await,
+            "",
+            "a head never finished"
+        );
+        assert_eq!(
+            head.elapsed(),
+            config.header_timeout,
+            "cut when the new head's header timeout ran out, not at the idle deadline"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_connection_is_cut_when_its_idle_time_runs_out() {
+        let config = config();
+        let mut client = one_connection(config).await;
+        exchange(&mut client).await;
+        let quiet = Instant::now();
+        assert_eq!(read_to_close(&mut client).await, "");
+        assert_eq!(quiet.elapsed(), config.idle_timeout);
+    }
 
     fn config() -> ServerConfig {
         ServerConfig {
