@@ -45,6 +45,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Router};
 use headers::{HeaderLayer, HeaderRule};
+use tower_http::set_header::SetResponseHeaderLayer;
 
 pub use error::ApiError;
 
@@ -315,7 +316,11 @@ pub fn app(state: AppState) -> Router {
     let (routes, doc) = routes();
     routes
         .layer(Extension(openapi::Document::new(&doc)))
-        .layer(HeaderLayer(NoSniff))
+        // `X-Content-Type-Options: nosniff` on every answer: browsers use the declared type only.
+        .layer(SetResponseHeaderLayer::overriding(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        ))
         .layer(compress::layer())
         .with_state(state)
 }
@@ -358,23 +363,6 @@ fn pages() -> Router<AppState> {
         .merge(dashboard::router())
         .merge(assets::router())
         .merge(ui::router())
-}
-
-/// `X-Content-Type-Options: nosniff` on every answer: browsers use the declared type only.
-#[derive(Debug, Clone, Copy)]
-struct NoSniff;
-
-impl HeaderRule for NoSniff {
-    type Facts = ();
-
-    fn read<B>(&self, _: &Request<B>) {}
-
-    fn write(&self, (): (), h: &mut HeaderMap) {
-        h.insert(
-            header::X_CONTENT_TYPE_OPTIONS,
-            HeaderValue::from_static("nosniff"),
-        );
-    }
 }
 
 /// CORS and caching headers for every `/api/*` answer.

@@ -19,21 +19,18 @@ use super::*;
 
 /// The write transaction of one batch. `BEGIN IMMEDIATE` and `COMMIT` are cached statements,
 /// prepared once per connection instead of parsed again for every batch (as rusqlite's
-/// `Transaction` does); dropped without a successful commit, it rolls back.
-struct BatchTx<'c> {
-    conn: &'c Connection,
-    open: bool,
-}
+/// `Transaction` does); dropped while its transaction is still open (an error, a failed
+/// `COMMIT`, a panic), it rolls back.
+struct BatchTx<'c>(&'c Connection);
 
 impl<'c> BatchTx<'c> {
     fn begin(conn: &'c Connection) -> Result<Self, StoreError> {
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        Ok(Self { conn, open: true })
+        Ok(Self(conn))
     }
 
-    fn commit(mut self) -> Result<(), StoreError> {
-        self.conn.prepare_cached("COMMIT")?.execute([])?;
-        self.open = false;
+    fn commit(self) -> Result<(), StoreError> {
+        self.0.prepare_cached("COMMIT")?.execute([])?;
         Ok(())
     }
 }
@@ -42,15 +39,15 @@ impl std::ops::Deref for BatchTx<'_> {
     type Target = Connection;
 
     fn deref(&self) -> &Connection {
-        self.conn
+        self.0
     }
 }
 
 impl Drop for BatchTx<'_> {
     fn drop(&mut self) {
-        // An error (or a failed COMMIT) left the transaction open: nothing of it may stay.
-        if self.open && !self.conn.is_autocommit() {
-            let _ = self.conn.execute_batch("ROLLBACK");
+        // Back in autocommit mode only after a successful COMMIT: anything else rolls back.
+        if !self.0.is_autocommit() {
+            let _ = self.0.execute_batch("ROLLBACK");
         }
     }
 }
