@@ -8,9 +8,14 @@
 //!   it holds `max_batch` records (size), when `max_delay` has passed since its first job
 //!   (time; the default 0 means "commit what is queued as soon as the writer is free": jobs
 //!   that arrive during a commit form the next batch — measured 2x the throughput of a 2 ms
-//!   wait under 64 clients), or when the queue is closed (shutdown). Each job's answer is sent only after its batch's
-//!   commit returned, so a 2xx always means "durably stored".
-//! - The writer needs only the store's write job ([`EventSink`]).
+//!   wait under 64 clients), or when the queue is closed (shutdown). Each job's answer is sent
+//!   only once its batch is durable, so a 2xx always means "durably stored".
+//! - The writer needs only the store's write job ([`EventSink`]). For a store with a
+//!   [`BatchWriter`] (SQLite) it runs on a thread of its own and calls it there, so a batch
+//!   costs no hand-off to the blocking pool (measured ~280 µs of wake-up per batch on 2 busy
+//!   cores), and the store may answer a batch once it is durable while the writer already
+//!   commits the next (SQLite's WAL sync runs beside the writer: `store::sqlite::durable`).
+//!   Any other store (PostgreSQL) is awaited from an async task.
 //! - When the commit fails, every job of the batch gets [`IngestError::Store`] and nothing of
 //!   the batch is counted (the store's transaction rolled back).
 //! - The writer stops after the last sender is dropped and the queue is drained; `run` awaits it.
@@ -24,7 +29,7 @@ use tokio::time::Instant;
 
 use crate::core::record::{Outcome, Record};
 use crate::metrics::Metrics;
-use crate::store::{EventSink, StoreError};
+use crate::store::{BatchWriter, EventSink, StoreError};
 
 /// Why a job was not stored.
 #[derive(Debug, thiserror::Error)]
@@ -58,9 +63,12 @@ impl Default for IngestConfig {
     }
 }
 
+/// Where a job's outcomes go.
+type Reply = oneshot::Sender<Result<Vec<Outcome>, IngestError>>;
+
 struct Job {
     records: Vec<Record>,
-    reply: oneshot::Sender<Result<Vec<Outcome>, IngestError>>,
+    reply: Reply,
     enqueued: Instant,
 }
 
@@ -71,15 +79,31 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// Start the writer task over `store`. Returns the queue and the writer's handle, which
-    /// finishes after every `Ingest` clone is dropped and the queue is drained.
+    /// Start the writer over `store`. Returns the queue and the writer's handle, which
+    /// finishes after every `Ingest` clone is dropped, the queue is drained and every
+    /// committed job has its answer. A store with a [`BatchWriter`] gets a thread of its own
+    /// (a long-lived task on the blocking pool); any other store an async task.
     pub fn start(
         store: Arc<dyn EventSink>,
         config: IngestConfig,
         metrics: Arc<Metrics>,
     ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(config.capacity.max(1));
-        let writer = tokio::spawn(writer(rx, store, config, metrics));
+        let writer = match store.batch_writer() {
+            Some(batch_writer) => {
+                let runtime = tokio::runtime::Handle::current();
+                tokio::task::spawn_blocking(move || {
+                    let mut committer = Committer::Thread(batch_writer);
+                    runtime.block_on(writer(rx, &mut committer, config, &metrics));
+                    if let Committer::Thread(w) = committer {
+                        w.finish();
+                    }
+                })
+            }
+            None => tokio::spawn(async move {
+                writer(rx, &mut Committer::Task(store), config, &metrics).await;
+            }),
+        };
         (Self { tx }, writer)
     }
 
@@ -104,11 +128,19 @@ impl Ingest {
     }
 }
 
+/// How the writer commits a batch.
+enum Committer {
+    /// Await the store's commit (a network database).
+    Task(Arc<dyn EventSink>),
+    /// Call the store's writer on this thread; it answers when the batch is durable.
+    Thread(Box<dyn BatchWriter>),
+}
+
 async fn writer(
     mut rx: mpsc::Receiver<Job>,
-    store: Arc<dyn EventSink>,
+    committer: &mut Committer,
     config: IngestConfig,
-    metrics: Arc<Metrics>,
+    metrics: &Arc<Metrics>,
 ) {
     let mut jobs: Vec<Job> = Vec::new();
     while let Some(first) = rx.recv().await {
@@ -141,28 +173,53 @@ async fn writer(
             replies.push((job.reply, job.records.len()));
             records.extend(job.records);
         }
-        let started = Instant::now();
-        let result = store.commit(records).await;
-        metrics
-            .commit_seconds
-            .observe(started.elapsed().as_secs_f64());
         metrics.batch_records.observe(size as f64);
+        let answer = Answer {
+            replies,
+            size,
+            started: Instant::now(),
+            metrics: Arc::clone(metrics),
+        };
+        match committer {
+            Committer::Task(store) => answer.send(store.commit(records).await),
+            Committer::Thread(w) => w.commit(records, Box::new(move |r| answer.send(r))),
+        }
+        // The writer is done with the batch (its answer may still wait for a sync).
         metrics.oldest_pending_seconds.set(0.0);
+    }
+}
+
+/// The answers a batch owes its jobs, sent once it is durable.
+struct Answer {
+    /// Each job's reply and how many records it had.
+    replies: Vec<(Reply, usize)>,
+    size: usize,
+    started: Instant,
+    metrics: Arc<Metrics>,
+}
+
+impl Answer {
+    fn send(self, result: Result<Vec<Outcome>, StoreError>) {
+        // From the batch's start to its durability: what its senders waited for it.
+        self.metrics
+            .commit_seconds
+            .observe(self.started.elapsed().as_secs_f64());
         match result {
             Ok(outcomes) => {
                 let mut outcomes = outcomes.into_iter();
-                for (reply, n) in replies {
+                for (reply, n) in self.replies {
                     let _ = reply.send(Ok(outcomes.by_ref().take(n).collect()));
                 }
             }
             Err(e) => {
+                let records = self.size;
                 if matches!(e, StoreError::DiskFull { .. }) {
-                    tracing::warn!(error = %e, records = size, "batch refused; not counted");
+                    tracing::warn!(error = %e, records, "batch refused; not counted");
                 } else {
-                    tracing::error!(error = %e, records = size, "commit failed; batch not counted");
+                    tracing::error!(error = %e, records, "commit failed; batch not counted");
                 }
                 let e = Arc::new(e);
-                for (reply, _) in replies {
+                for (reply, _) in self.replies {
                     let _ = reply.send(Err(IngestError::Store(Arc::clone(&e))));
                 }
             }

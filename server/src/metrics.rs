@@ -163,7 +163,7 @@ impl Metrics {
         let commit_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         registry.register(
             "commit_duration_seconds",
-            "Store commit latency per batch",
+            "Time from a batch's start to its durable commit (the wait its senders see)",
             commit_seconds.clone(),
         );
         let batch_records = Histogram::new(exponential_buckets(1.0, 2.0, 12));

@@ -236,6 +236,29 @@ pub trait EventSink: Send + Sync {
     /// Add views not counted (per site, local day and reason) to the stored tallies, in ONE
     /// transaction, in the rows' order.
     async fn add_filtered(&self, rows: &[FilteredRow]) -> Result<(), StoreError>;
+
+    /// A writer the ingest queue drives from a thread of its own, for a store whose commits
+    /// block a thread anyway (an embedded file): no hand-off per batch, and the store may
+    /// acknowledge a batch after it has started on the next ([`BatchWriter`]). `None` (the
+    /// default): the ingest queue awaits [`EventSink::commit`].
+    fn batch_writer(&self) -> Option<Box<dyn BatchWriter>> {
+        None
+    }
+}
+
+/// Called once with the outcome of a batch, when it is durable (or has failed).
+pub type Durable = Box<dyn FnOnce(Result<Vec<Outcome>, StoreError>) + Send>;
+
+/// The write path of [`EventSink::batch_writer`]: called from one thread, never from a
+/// runtime worker.
+pub trait BatchWriter: Send {
+    /// Commit `records` exactly as [`EventSink::commit`] does and call `done` once they are
+    /// durable — at once, or later from another thread while this writer already commits the
+    /// next batch. `done` calls keep commit order.
+    fn commit(&mut self, records: Vec<Record>, done: Durable);
+
+    /// Wait until every `done` has been called (shutdown).
+    fn finish(self: Box<Self>);
 }
 
 /// The numbers the dashboard, the counts endpoint and the stats API read.

@@ -96,6 +96,60 @@ async fn dedupes_within_and_across_batches(db: &impl Harness) {
     assert_eq!(c.site_all.badge.views, 0);
 }
 
+/// The ingest queue's write path where a store has one ([`tally::store::BatchWriter`], SQLite):
+/// it commits exactly as `commit` does, and by `finish` every batch has had its one answer, in
+/// commit order. A store without one (PostgreSQL) is driven through `commit`, checked above.
+async fn the_batch_writer_commits_like_commit(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
+    let Some(mut writer) = store.batch_writer() else {
+        return;
+    };
+    let d = date(2026, 4, 1);
+    let batches = vec![
+        vec![record(1, 1, "/a", d), record(2, 2, "/a", d)],
+        vec![record(1, 1, "/a", d), record(3, 1, "/b", d)],
+        Vec::new(),
+        vec![record(4, 2, "/a", d)],
+    ];
+    let answers = tokio::task::spawn_blocking(move || {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (n, batch) in batches.into_iter().enumerate() {
+            let tx = tx.clone();
+            writer.commit(
+                batch,
+                Box::new(move |r| {
+                    let _ = tx.send((n, r.map_err(|e| e.to_string())));
+                }),
+            );
+        }
+        writer.finish();
+        drop(tx);
+        rx.iter().collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    use Outcome::{Accepted as A, Duplicate as D};
+    assert_eq!(
+        answers,
+        [
+            (0, Ok(vec![A, A])),
+            (1, Ok(vec![D, A])),
+            (2, Ok(vec![])),
+            (3, Ok(vec![A]))
+        ]
+    );
+    let c = store
+        .counts(
+            &SiteId::parse("s").expect("s"),
+            &PagePath::parse("/a").expect("p"),
+            d,
+        )
+        .await
+        .expect("counts");
+    assert_eq!((c.page_all.web.views, c.page_all.web.visitors), (3, 2));
+    assert_eq!((c.site_today.web.views, c.site_today.web.visitors), (4, 2));
+}
+
 async fn dedupe_keys_count_custom_events_once(db: &impl Harness) {
     let store = db.handle(DEFAULT_CAP);
     let d = date(2026, 4, 1);
@@ -1120,6 +1174,7 @@ macro_rules! backends {
         mod $name {
             conformance!($harness;
                 dedupes_within_and_across_batches,
+                the_batch_writer_commits_like_commit,
                 dedupe_keys_count_custom_events_once,
                 two_handles_commit_the_same_ids_at_once,
                 visitors_seen_through_two_handles_count_once,

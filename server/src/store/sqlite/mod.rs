@@ -1,8 +1,10 @@
 //! The embedded backend: one SQLite file, no other process.
 //!
 //! Contract, beyond [`super::Store`]'s:
-//! - WAL journal; `synchronous=FULL` by default, so a committed batch survives `kill -9` and
-//!   power loss (`NORMAL` survives `kill -9` only, and is faster).
+//! - WAL journal. `SyncMode::Full` (the default): an acknowledged write survives `kill -9` and
+//!   power loss — the WAL is fsynced after every commit and before its answer, by this store
+//!   beside its writer rather than by SQLite inside `COMMIT` (`durable`; the connection runs
+//!   `synchronous=NORMAL`). `SyncMode::Normal` survives `kill -9` only (no fsync per commit).
 //! - One writer connection per store (SQLite has one writer anyway; two stores on one file
 //!   take turns through `BEGIN IMMEDIATE`); several read-only connections so counts and
 //!   dashboards never wait for a commit. Every call runs on the blocking pool. Readers have a
@@ -33,9 +35,10 @@
 //! Files: this one opens the database and implements the five job traits ([`EventSink`],
 //! [`StatsReader`], [`SiteStore`], [`SaltStore`], [`Maintenance`]); `schema` creates and migrates
 //! the tables, `intern` maps names to ids, `guard` checks disk and file, `write` commits
-//! batches, `journal` keeps new visitor-set rows until they move in bulk, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
+//! batches, `durable` syncs the WAL beside the writer, `journal` keeps new visitor-set rows until they move in bulk, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
 
 mod backup;
+mod durable;
 mod export;
 mod guard;
 mod import;
@@ -229,6 +232,9 @@ pub struct SqliteStore {
     /// Disk floor and file identity.
     guard: Arc<FileGuard>,
     max_new_pages_per_day: u32,
+    /// With `SyncMode::Full`: the WAL, synced by this store after each commit instead of by
+    /// SQLite inside it (see `durable`).
+    wal: Option<Arc<durable::Wal>>,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -269,14 +275,28 @@ impl SqliteStore {
         // Deleted rows (expired salts above all) are overwritten with zeros, not left in free
         // space; `forget_salts` also checkpoints the WAL so no old page image lingers there.
         conn.pragma_update(None, "secure_delete", "ON")?;
-        let sync = match options.sync {
-            SyncMode::Full => "FULL",
-            SyncMode::Normal => "NORMAL",
-        };
-        conn.pragma_update(None, "synchronous", sync)?;
+        // Until the WAL is open here, SQLite syncs every commit itself.
+        conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
         conn.pragma_update(None, "temp_store", "FILE")?;
         schema::prepare(&mut conn, path)?;
+        let wal = match options.sync {
+            SyncMode::Full => match durable::Wal::open(path) {
+                Ok(wal) => {
+                    // From here on this store syncs the WAL after each commit (`durable`).
+                    conn.pragma_update(None, "synchronous", "NORMAL")?;
+                    Some(Arc::new(wal))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the WAL could not be opened to sync it; SQLite syncs every commit itself");
+                    None
+                }
+            },
+            SyncMode::Normal => {
+                conn.pragma_update(None, "synchronous", "NORMAL")?;
+                None
+            }
+        };
         conn.set_prepared_statement_cache_capacity(64);
         let guard = FileGuard::new(path, options.min_free_bytes)?;
         let readers = (0..READERS)
@@ -293,25 +313,59 @@ impl SqliteStore {
             path: path.to_owned(),
             guard: Arc::new(guard),
             max_new_pages_per_day: options.max_new_pages_per_day,
+            wal,
         })
     }
 
+    /// Run a write on the blocking pool; durable when it returns `Ok`.
     async fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let writer = Arc::clone(&self.writer);
-        let guard = Arc::clone(&self.guard);
+        let store = self.clone();
         tokio::task::spawn_blocking(move || {
-            guard.check_shm()?;
-            // A panic under the lock rolled its transaction back; the connection is still usable.
-            let mut writer = writer
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            f(&mut writer)
+            let out = store.write_here(f)?;
+            if let Some(wal) = &store.wal {
+                wal.sync()?;
+            }
+            Ok(out)
         })
         .await
         .map_err(backend)?
+    }
+
+    /// Run a write on this thread; committed, not yet synced when the store syncs the WAL.
+    fn write_here<T>(
+        &self,
+        f: impl FnOnce(&mut Writer) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if let Some(wal) = &self.wal {
+            wal.check()?;
+        }
+        self.guard.check_shm()?;
+        // A panic under the lock rolled its transaction back; the connection is still usable.
+        let mut writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut writer)
+    }
+
+    /// Commit a batch of the ingest queue on this thread.
+    fn commit_here(&self, records: &[Record]) -> Result<Vec<Outcome>, StoreError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.write_here(|writer| {
+            self.guard.check_disk()?;
+            commit_batch(
+                writer,
+                &self.guard,
+                self.max_new_pages_per_day,
+                records,
+                None,
+            )
+        })
     }
 
     async fn read<T: Send + 'static>(
@@ -344,19 +398,62 @@ impl SqliteStore {
     }
 }
 
+/// The ingest queue's writer: commits on the queue's thread; with a synced WAL, answers
+/// after the syncer's next sync (`durable`), otherwise at once.
+struct BatchWriter {
+    store: SqliteStore,
+    syncer: Option<durable::Syncer>,
+}
+
+impl super::BatchWriter for BatchWriter {
+    fn commit(&mut self, records: Vec<Record>, done: super::Durable) {
+        let result = self.store.commit_here(&records);
+        match &self.syncer {
+            Some(syncer) => syncer.after_commit(result, done),
+            None => done(result),
+        }
+    }
+
+    fn finish(self: Box<Self>) {
+        if let Some(syncer) = self.syncer {
+            syncer.finish();
+        }
+    }
+}
+
 #[async_trait]
 impl EventSink for SqliteStore {
     async fn commit(&self, records: Vec<Record>) -> Result<Vec<Outcome>, StoreError> {
-        if records.is_empty() {
-            return Ok(Vec::new());
-        }
-        let guard = Arc::clone(&self.guard);
-        let cap = self.max_new_pages_per_day;
-        self.write(move |writer| {
-            guard.check_disk()?;
-            commit_batch(writer, &guard, cap, &records, None)
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let outcomes = store.commit_here(&records)?;
+            if let Some(wal) = &store.wal {
+                wal.sync()?;
+            }
+            Ok(outcomes)
         })
         .await
+        .map_err(backend)?
+    }
+
+    fn batch_writer(&self) -> Option<Box<dyn super::BatchWriter>> {
+        let syncer = match self
+            .wal
+            .as_ref()
+            .map(|wal| durable::Syncer::start(Arc::clone(wal)))
+        {
+            Some(Ok(syncer)) => Some(syncer),
+            // No thread to sync on: answer through `EventSink::commit`, which syncs inline.
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "no WAL sync thread; the writer syncs every batch itself");
+                return None;
+            }
+            None => None,
+        };
+        Some(Box::new(BatchWriter {
+            store: self.clone(),
+            syncer,
+        }))
     }
 
     async fn add_filtered(&self, rows: &[FilteredRow]) -> Result<(), StoreError> {
@@ -733,5 +830,107 @@ mod tests {
         );
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         assert!(!err.is_retryable());
+    }
+
+    fn record(n: u8) -> Record {
+        let at: jiff::Timestamp = "2026-04-01T12:00:00Z".parse().expect("ts");
+        Record {
+            event_id: crate::core::ids::EventId::new_at(at, [n; 10]),
+            site: SiteId::parse("s").expect("site"),
+            source: Source::Web,
+            kind: HitKind::Pageview,
+            page: PagePath::parse("/a").expect("page"),
+            visitor: crate::core::ids::VisitorKey([n; 16]),
+            at_ms: at.as_millisecond(),
+            day: jiff::civil::date(2026, 4, 1),
+            referrer: None,
+        }
+    }
+
+    type Answers = std::sync::mpsc::Receiver<Result<Vec<Outcome>, StoreError>>;
+
+    fn answer() -> (super::super::Durable, Answers) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        (
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+            rx,
+        )
+    }
+
+    const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// With `SyncMode::Full` the ingest queue's writer commits with SQLite's own sync off and
+    /// answers only after this store's sync of the WAL; while that sync runs, the next batch
+    /// commits.
+    #[test]
+    fn a_batch_is_answered_after_the_wal_sync_and_the_next_one_commits_meanwhile() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.sqlite");
+        let mut store = SqliteStore::open(&path, StoreOptions::default()).expect("open");
+        let synchronous: i64 = store
+            .writer
+            .lock()
+            .expect("writer")
+            .conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .expect("pragma");
+        assert_eq!(
+            synchronous, 1,
+            "SQLite's own sync is NORMAL; the store syncs"
+        );
+        // The real WAL file, behind a sync that waits until the test lets it go.
+        let (began_tx, began) = std::sync::mpsc::channel::<()>();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let wal = std::fs::File::open(dir.path().join("t.sqlite-wal")).expect("wal");
+        store.wal = Some(Arc::new(durable::Wal::with_sync(
+            wal,
+            Box::new(move |file| {
+                let _ = began_tx.send(());
+                let _ = released.lock().expect("lock").recv();
+                file.sync_data()
+            }),
+        )));
+        let events = || -> i64 {
+            Connection::open(&path)
+                .expect("reader")
+                .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+                .expect("count")
+        };
+        let mut writer = store.batch_writer().expect("a batch writer");
+        let (done, first) = answer();
+        writer.commit(vec![record(1)], done);
+        began.recv_timeout(PATIENCE).expect("the WAL sync began");
+        assert_eq!(events(), 1, "committed");
+        assert!(
+            first.try_recv().is_err(),
+            "not answered before its sync ended"
+        );
+        let (done, second) = answer();
+        writer.commit(vec![record(2), record(1)], done);
+        assert_eq!(events(), 2, "the next batch committed during the sync");
+        release.send(()).expect("release");
+        assert!(matches!(
+            first
+                .recv_timeout(PATIENCE)
+                .expect("first answer")
+                .as_deref(),
+            Ok([Outcome::Accepted])
+        ));
+        began
+            .recv_timeout(PATIENCE)
+            .expect("a sync for the second batch");
+        assert!(second.try_recv().is_err());
+        release.send(()).expect("release");
+        assert!(matches!(
+            second
+                .recv_timeout(PATIENCE)
+                .expect("second answer")
+                .as_deref(),
+            Ok([Outcome::Accepted, Outcome::Duplicate])
+        ));
+        writer.finish();
     }
 }
