@@ -17,7 +17,9 @@
 //!   commits the next (SQLite's WAL sync runs beside the writer: `store::sqlite::durable`).
 //!   Any other store (PostgreSQL) is awaited from an async task.
 //! - When the commit fails, every job of the batch gets [`IngestError::Store`] and nothing of
-//!   the batch is counted (the store's transaction rolled back).
+//!   the batch is counted (the store's transaction rolled back) — except when SQLite's WAL
+//!   sync fails after the commit: then the batch may be counted although it was not
+//!   acknowledged, and a retry with the same event id is a duplicate, never a second count.
 //! - The writer stops after the last sender is dropped and the queue is drained; `run` awaits it.
 
 use std::sync::Arc;
@@ -83,6 +85,10 @@ impl Ingest {
     /// finishes after every `Ingest` clone is dropped, the queue is drained and every
     /// committed job has its answer. A store with a [`BatchWriter`] gets a thread of its own
     /// (a long-lived task on the blocking pool); any other store an async task.
+    ///
+    /// With a `BatchWriter` on a `current_thread` runtime: `max_delay > 0` needs the runtime's
+    /// own thread to drive timers (`Handle::block_on` cannot), and paused time does not
+    /// advance by itself while the writer's blocking task runs.
     pub fn start(
         store: Arc<dyn EventSink>,
         config: IngestConfig,
@@ -216,7 +222,7 @@ impl Answer {
                 if matches!(e, StoreError::DiskFull { .. }) {
                     tracing::warn!(error = %e, records, "batch refused; not counted");
                 } else {
-                    tracing::error!(error = %e, records, "commit failed; batch not counted");
+                    tracing::error!(error = %e, records, "batch failed; not acknowledged");
                 }
                 let e = Arc::new(e);
                 for (reply, _) in self.replies {

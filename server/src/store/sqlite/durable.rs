@@ -21,7 +21,13 @@
 //!   the dirty pages, so nothing written since can be promised; a restart recovers from what
 //!   the disk holds, and a client's retry is deduplicated by its event id.
 //! - Readers may see a batch's counts up to one sync before its senders get their answer; the
-//!   promise is about acknowledgements, which never come before the data is on disk.
+//!   promise is about acknowledgements, which never come before the data is on disk. A batch
+//!   whose sync failed was committed: it may be counted (until a restart, and after it if its
+//!   pages did reach the disk) although its senders got an error; a sender that retries with
+//!   the same event id gets `duplicate`, never a second count.
+//! - `synchronous=NORMAL` plus this sync is as durable as `FULL` because SQLite is built with
+//!   powersafe overwrite on (the bundled default): `FULL` would otherwise pad a commit's last
+//!   frames to a sector, which `NORMAL` does not.
 
 use std::fs::File;
 use std::path::Path;
@@ -38,30 +44,40 @@ pub(super) type SyncFn = Box<dyn Fn(&File) -> std::io::Result<()> + Send + Sync>
 pub(super) struct Wal {
     file: File,
     sync: SyncFn,
-    /// Why the last sync failed: then every later write is refused.
+    /// Held across each sync and the recording of its failure: one sync at a time. Linux
+    /// reports a writeback error to one fsync of a descriptor only, so a sync overlapping a
+    /// failing one could return `Ok` for pages that never reached the disk.
+    syncing: Mutex<()>,
+    /// Why a sync failed: then every later write is refused.
     failed: Mutex<Option<String>>,
 }
 
 impl Wal {
-    /// Open the WAL beside `db` (it exists once a WAL-mode connection has read the file).
+    /// Open the WAL beside `db` (it exists once a WAL-mode connection has read the file) and
+    /// sync the directory once: SQLite syncs a WAL's directory entry on its own first sync of
+    /// a new WAL, which with `synchronous=NORMAL` may be a checkpoint away.
     pub(super) fn open(db: &Path) -> std::io::Result<Self> {
         let mut name = db.as_os_str().to_owned();
         name.push("-wal");
-        Ok(Self::with_sync(
-            File::open(name)?,
-            Box::new(File::sync_data),
-        ))
+        let file = File::open(name)?;
+        let dir = match db.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        File::open(dir)?.sync_all()?;
+        Ok(Self::with_sync(file, Box::new(File::sync_data)))
     }
 
     pub(super) fn with_sync(file: File, sync: SyncFn) -> Self {
         Self {
             file,
             sync,
+            syncing: Mutex::new(()),
             failed: Mutex::new(None),
         }
     }
 
-    /// Refuse when an earlier sync failed.
+    /// Refuse when an earlier sync failed (never waits for a sync in progress).
     pub(super) fn check(&self) -> Result<(), StoreError> {
         match &*self.failed.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(why) => Err(failed(why)),
@@ -72,6 +88,7 @@ impl Wal {
     /// Sync the WAL: every commit that returned before this call is durable when it returns
     /// `Ok`.
     pub(super) fn sync(&self) -> Result<(), StoreError> {
+        let _one_at_a_time = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         self.check()?;
         (self.sync)(&self.file).map_err(|e| {
             let why = e.to_string();
@@ -152,6 +169,9 @@ mod tests {
     use super::*;
     use std::sync::mpsc::TryRecvError;
 
+    /// Long enough for any sync here; a test that waits longer has failed.
+    const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
     fn answer() -> (Durable, mpsc::Receiver<Result<Vec<Outcome>, StoreError>>) {
         let (tx, rx) = mpsc::channel();
         (
@@ -192,22 +212,28 @@ mod tests {
         let syncer = Syncer::start(Arc::new(wal)).expect("syncer");
         let (done, first) = answer();
         syncer.after_commit(Ok(vec![Outcome::Accepted]), done);
-        began.recv().expect("the first sync began");
+        began.recv_timeout(PATIENCE).expect("the first sync began");
         // The sync is stalled: the answer has not come, and the writer is not held up.
         assert!(matches!(first.try_recv(), Err(TryRecvError::Empty)));
         let (done, second) = answer();
         syncer.after_commit(Ok(vec![Outcome::Duplicate]), done);
         release.send(()).expect("release the first sync");
         assert!(matches!(
-            first.recv().expect("first answer").as_deref(),
+            first
+                .recv_timeout(PATIENCE)
+                .expect("first answer")
+                .as_deref(),
             Ok([Outcome::Accepted])
         ));
         // The second commit came after the first sync began: it needs a sync of its own.
-        began.recv().expect("a second sync began");
+        began.recv_timeout(PATIENCE).expect("a second sync began");
         assert!(matches!(second.try_recv(), Err(TryRecvError::Empty)));
         release.send(()).expect("release the second sync");
         assert!(matches!(
-            second.recv().expect("second answer").as_deref(),
+            second
+                .recv_timeout(PATIENCE)
+                .expect("second answer")
+                .as_deref(),
             Ok([Outcome::Duplicate])
         ));
         syncer.finish();
@@ -219,15 +245,15 @@ mod tests {
         let syncer = Syncer::start(Arc::new(wal)).expect("syncer");
         let (done, first) = answer();
         syncer.after_commit(Ok(vec![Outcome::Accepted]), done);
-        began.recv().expect("the sync began");
+        began.recv_timeout(PATIENCE).expect("the sync began");
         let (done, failed) = answer();
         syncer.after_commit(Err(StoreError::Conflict("lost a race".into())), done);
         // Not answered ahead of the batch still waiting for its sync.
         assert!(matches!(failed.try_recv(), Err(TryRecvError::Empty)));
         release.send(()).expect("release the sync");
-        assert!(first.recv().expect("first answer").is_ok());
+        assert!(first.recv_timeout(PATIENCE).expect("first answer").is_ok());
         assert!(matches!(
-            failed.recv().expect("second answer"),
+            failed.recv_timeout(PATIENCE).expect("second answer"),
             Err(StoreError::Conflict(_))
         ));
         syncer.finish();
@@ -243,7 +269,10 @@ mod tests {
         let syncer = Syncer::start(Arc::clone(&wal)).expect("syncer");
         let (done, first) = answer();
         syncer.after_commit(Ok(vec![Outcome::Accepted]), done);
-        let err = first.recv().expect("answer").expect_err("not durable");
+        let err = first
+            .recv_timeout(PATIENCE)
+            .expect("answer")
+            .expect_err("not durable");
         assert!(err.to_string().contains("disk gone"), "{err}");
         assert!(wal.check().is_err(), "later writes are refused");
         assert!(wal.sync().is_err());

@@ -407,7 +407,13 @@ struct BatchWriter {
 
 impl super::BatchWriter for BatchWriter {
     fn commit(&mut self, records: Vec<Record>, done: super::Durable) {
-        let result = self.store.commit_here(&records);
+        // A panic fails this batch only (its transaction rolled back, the connection stays
+        // usable), as it did when each batch ran as a task of its own: the writer thread and
+        // the queue live on.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.store.commit_here(&records)
+        }))
+        .unwrap_or_else(|_| Err(backend("the commit of this batch panicked")));
         match &self.syncer {
             Some(syncer) => syncer.after_commit(result, done),
             None => done(result),
