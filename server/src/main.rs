@@ -11,6 +11,11 @@ use tally::core::day::SiteZone;
 use tally::core::ids::{PagePath, SiteId};
 use tally::store::Site;
 
+/// jemalloc instead of glibc's allocator: per-thread caches without glibc's fastbin
+/// consolidation, which took ~13 % of the collector's CPU under the realistic mix.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "tally",
