@@ -7,7 +7,8 @@
 //!   `synchronous=NORMAL`). `SyncMode::Normal` survives `kill -9` only (no fsync per commit).
 //! - One writer connection per store (SQLite has one writer anyway; two stores on one file
 //!   take turns through `BEGIN IMMEDIATE`); several read-only connections so counts and
-//!   dashboards never wait for a commit. Every call runs on the blocking pool. Readers have a
+//!   dashboards never wait for a commit. Every async call runs on the blocking pool; the
+//!   ingest queue's batches run on its writer thread ([`super::BatchWriter`]). Readers have a
 //!   bounded page cache and spill temporary b-trees to files, so no query takes unbounded RAM.
 //! - Visitor sets are `visits` and `reach` plus the rows still in the visitor-set journal
 //!   (`journal`): new rows are appended there and moved in bulk; readers read both.
