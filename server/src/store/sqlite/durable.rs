@@ -105,18 +105,27 @@ fn failed(why: &str) -> StoreError {
     ))
 }
 
+/// Committed batches that may wait for a sync at most (besides the group being synced): then
+/// the writer waits, the ingest queue fills and hits get `503 overloaded`, as they would with a
+/// stalled disk under SQLite's own sync, instead of piling up committed but unanswered.
+pub(super) const MAX_WAITING_BATCHES: usize = 64;
+
 /// A committed (or failed) batch waiting for its sync.
 type Waiting = (Result<Vec<Outcome>, StoreError>, Durable);
 
 /// The thread that syncs the WAL and answers committed batches.
 pub(super) struct Syncer {
-    queue: Option<mpsc::Sender<Waiting>>,
+    queue: Option<mpsc::SyncSender<Waiting>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Syncer {
     pub(super) fn start(wal: Arc<Wal>) -> Result<Self, StoreError> {
-        let (queue, waiting) = mpsc::channel::<Waiting>();
+        Self::with_bound(wal, MAX_WAITING_BATCHES)
+    }
+
+    fn with_bound(wal: Arc<Wal>, bound: usize) -> Result<Self, StoreError> {
+        let (queue, waiting) = mpsc::sync_channel::<Waiting>(bound);
         let thread = std::thread::Builder::new()
             .name("tally-wal-sync".into())
             .spawn(move || {
@@ -145,6 +154,7 @@ impl Syncer {
     }
 
     /// Answer a batch once a sync begun after this call has finished (errors in order, too).
+    /// Blocks while [`MAX_WAITING_BATCHES`] batches already wait.
     pub(super) fn after_commit(&self, result: Result<Vec<Outcome>, StoreError>, done: Durable) {
         let Some(queue) = &self.queue else {
             return done(result);
@@ -164,15 +174,18 @@ impl Syncer {
     }
 }
 
+/// What the tests of this store use to stand in for a disk that stalls or fails.
 #[cfg(test)]
-mod tests {
+pub(super) mod testing {
     use super::*;
-    use std::sync::mpsc::TryRecvError;
 
     /// Long enough for any sync here; a test that waits longer has failed.
-    const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+    pub(in crate::store::sqlite) const PATIENCE: std::time::Duration =
+        std::time::Duration::from_secs(30);
 
-    fn answer() -> (Durable, mpsc::Receiver<Result<Vec<Outcome>, StoreError>>) {
+    /// A batch's answer and where it arrives.
+    pub(in crate::store::sqlite) fn answer()
+    -> (Durable, mpsc::Receiver<Result<Vec<Outcome>, StoreError>>) {
         let (tx, rx) = mpsc::channel();
         (
             Box::new(move |r| {
@@ -182,28 +195,39 @@ mod tests {
         )
     }
 
+    /// A sync that waits until the test lets it go, then syncs the file: (the sync, "a sync
+    /// began", "let one sync finish").
+    pub(in crate::store::sqlite) fn stalled_sync() -> (SyncFn, mpsc::Receiver<()>, mpsc::Sender<()>)
+    {
+        let (began_tx, began) = mpsc::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let sync: SyncFn = Box::new(move |file| {
+            let _ = began_tx.send(());
+            let _ = released.lock().expect("lock").recv();
+            file.sync_data()
+        });
+        (sync, began, release)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{PATIENCE, answer, stalled_sync};
+    use super::*;
+    use std::sync::mpsc::TryRecvError;
+
     fn scratch() -> (tempfile::TempDir, File) {
         let dir = tempfile::tempdir().expect("temp dir");
         let file = File::create(dir.path().join("x-wal")).expect("file");
         (dir, file)
     }
 
-    /// A disk whose every sync waits until the test lets it go: (WAL, "a sync began",
-    /// "let one sync finish").
+    /// A WAL on a disk whose every sync waits until the test lets it go.
     fn stalled() -> (tempfile::TempDir, Wal, mpsc::Receiver<()>, mpsc::Sender<()>) {
         let (dir, file) = scratch();
-        let (began_tx, began) = mpsc::channel::<()>();
-        let (release, released) = mpsc::channel::<()>();
-        let released = Mutex::new(released);
-        let wal = Wal::with_sync(
-            file,
-            Box::new(move |_| {
-                let _ = began_tx.send(());
-                let _ = released.lock().expect("lock").recv();
-                Ok(())
-            }),
-        );
-        (dir, wal, began, release)
+        let (sync, began, release) = stalled_sync();
+        (dir, Wal::with_sync(file, sync), began, release)
     }
 
     #[test]
@@ -277,5 +301,43 @@ mod tests {
         assert!(wal.check().is_err(), "later writes are refused");
         assert!(wal.sync().is_err());
         syncer.finish();
+    }
+
+    #[test]
+    fn the_writer_waits_when_the_bound_of_waiting_batches_is_reached() {
+        let (_dir, wal, began, release) = stalled();
+        let syncer = Arc::new(Syncer::with_bound(Arc::new(wal), 1).expect("syncer"));
+        let (done, _first) = answer();
+        syncer.after_commit(Ok(Vec::new()), done);
+        began.recv_timeout(PATIENCE).expect("the sync began");
+        // One batch may wait beside the group being synced…
+        let (done, _second) = answer();
+        syncer.after_commit(Ok(Vec::new()), done);
+        // …the next one holds its writer until the stalled sync ends.
+        let (returned_tx, returned) = mpsc::channel();
+        let writer = {
+            let syncer = Arc::clone(&syncer);
+            std::thread::spawn(move || {
+                let (done, third) = answer();
+                syncer.after_commit(Ok(Vec::new()), done);
+                let _ = returned_tx.send(());
+                third
+            })
+        };
+        assert!(
+            returned
+                .recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "the writer was not held"
+        );
+        release.send(()).expect("release");
+        returned.recv_timeout(PATIENCE).expect("the writer goes on");
+        // The second and third batch take one sync or two, as they happen to be grouped.
+        for _ in 0..2 {
+            release.send(()).expect("release");
+        }
+        let third = writer.join().expect("writer");
+        assert!(third.recv_timeout(PATIENCE).expect("third answer").is_ok());
+        Arc::into_inner(syncer).expect("one owner").finish();
     }
 }

@@ -318,21 +318,42 @@ impl SqliteStore {
         })
     }
 
-    /// Run a write on the blocking pool; durable when it returns `Ok`.
+    /// Run `f` with this store on the blocking pool.
+    async fn on_blocking_pool<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&SqliteStore) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(backend)?
+    }
+
+    /// Sync the WAL when this store syncs it (`SyncMode::Full`): every commit that returned
+    /// before is durable after `Ok`.
+    fn sync_wal(&self) -> Result<(), StoreError> {
+        self.wal.as_ref().map_or(Ok(()), |wal| wal.sync())
+    }
+
+    /// Run a write on the blocking pool; durable when it returns `Ok`. A write that changed
+    /// no row (the storage probe's `BEGIN IMMEDIATE; ROLLBACK`, a site already in place)
+    /// costs no fsync.
     async fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let out = store.write_here(f)?;
-            if let Some(wal) = &store.wal {
-                wal.sync()?;
+        self.on_blocking_pool(move |store| {
+            let (out, changed) = store.write_here(|writer| {
+                let before = writer.conn.total_changes();
+                let out = f(writer)?;
+                Ok((out, writer.conn.total_changes() != before))
+            })?;
+            if changed {
+                store.sync_wal()?;
             }
             Ok(out)
         })
         .await
-        .map_err(backend)?
     }
 
     /// Run a write on this thread; committed, not yet synced when the store syncs the WAL.
@@ -431,16 +452,17 @@ impl super::BatchWriter for BatchWriter {
 #[async_trait]
 impl EventSink for SqliteStore {
     async fn commit(&self, records: Vec<Record>) -> Result<Vec<Outcome>, StoreError> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Synced even when every record was a duplicate: `duplicate` promises the first copy
+        // is durable, and it may be in a batch whose sync is still running.
+        self.on_blocking_pool(move |store| {
             let outcomes = store.commit_here(&records)?;
-            if let Some(wal) = &store.wal {
-                wal.sync()?;
-            }
+            store.sync_wal()?;
             Ok(outcomes)
         })
         .await
-        .map_err(backend)?
     }
 
     fn batch_writer(&self) -> Option<Box<dyn super::BatchWriter>> {
@@ -803,6 +825,7 @@ pub(super) fn checkpoint_truncate(conn: &Connection) {
 
 #[cfg(test)]
 mod tests {
+    use super::durable::testing::{PATIENCE, answer, stalled_sync};
     use super::*;
 
     /// A write lock held by another connection is a retryable conflict, not an outage; other
@@ -854,20 +877,6 @@ mod tests {
         }
     }
 
-    type Answers = std::sync::mpsc::Receiver<Result<Vec<Outcome>, StoreError>>;
-
-    fn answer() -> (super::super::Durable, Answers) {
-        let (tx, rx) = std::sync::mpsc::channel();
-        (
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-            rx,
-        )
-    }
-
-    const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
-
     /// With `SyncMode::Full` the ingest queue's writer commits with SQLite's own sync off and
     /// answers only after this store's sync of the WAL; while that sync runs, the next batch
     /// commits.
@@ -888,18 +897,9 @@ mod tests {
             "SQLite's own sync is NORMAL; the store syncs"
         );
         // The real WAL file, behind a sync that waits until the test lets it go.
-        let (began_tx, began) = std::sync::mpsc::channel::<()>();
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let released = Mutex::new(released);
+        let (sync, began, release) = stalled_sync();
         let wal = std::fs::File::open(dir.path().join("t.sqlite-wal")).expect("wal");
-        store.wal = Some(Arc::new(durable::Wal::with_sync(
-            wal,
-            Box::new(move |file| {
-                let _ = began_tx.send(());
-                let _ = released.lock().expect("lock").recv();
-                file.sync_data()
-            }),
-        )));
+        store.wal = Some(Arc::new(durable::Wal::with_sync(wal, sync)));
         let events = || -> i64 {
             Connection::open(&path)
                 .expect("reader")
@@ -939,5 +939,46 @@ mod tests {
             Ok([Outcome::Accepted, Outcome::Duplicate])
         ));
         writer.finish();
+    }
+
+    /// A write is followed by a sync of the WAL only when it changed a row: the storage probe
+    /// (`/readyz`, open to anyone) costs no fsync, a new site one.
+    #[tokio::test]
+    async fn a_write_that_changes_no_row_costs_no_sync() {
+        use super::super::{Maintenance, SiteStore};
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.sqlite");
+        let mut store = SqliteStore::open(
+            &path,
+            StoreOptions {
+                min_free_bytes: 0,
+                ..StoreOptions::default()
+            },
+        )
+        .expect("open");
+        let syncs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&syncs);
+        let wal = std::fs::File::open(dir.path().join("t.sqlite-wal")).expect("wal");
+        store.wal = Some(Arc::new(durable::Wal::with_sync(
+            wal,
+            Box::new(move |file| {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                file.sync_data()
+            }),
+        )));
+        let synced = || syncs.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..3 {
+            store.probe().await.expect("probe");
+        }
+        assert_eq!(synced(), 0, "probes write nothing");
+        let site = super::super::Site {
+            id: SiteId::parse("s").expect("site"),
+            origins: vec!["*".into()],
+            zone: SiteZone::utc(),
+            public: false,
+            ingest_key: None,
+        };
+        store.put_site(&site).await.expect("put");
+        assert_eq!(synced(), 1, "a new site is synced before put_site returns");
     }
 }
