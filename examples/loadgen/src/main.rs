@@ -2,9 +2,9 @@
 //! loop is bounded in time or count; the servers started are killed at the end, on error and
 //! on Ctrl-C.
 //!
-//! - `run` measures throughput and latency: a do-nothing axum baseline and `tally serve` (fresh
-//!   SQLite file), driven in the same run with the same mix and connections; prints hits/s,
-//!   p50, p99, the ratio tally/baseline, tally's peak RSS, and the database bytes per stored
+//! - `run` measures throughput and latency: a do-nothing axum baseline, the least a durable
+//!   collector must do ([`ceiling`]) and `tally serve` (fresh SQLite file), driven in the same
+//!   run with the same mix and connections; prints hits/s, p50, p99, the ratios to the baseline, tally's peak RSS, and the database bytes per stored
 //!   hit (main file + WAL after a clean stop). The mix is realistic by default (see [`mix`]);
 //!   `--mix cache` is the earlier cache-friendly one.
 //! - `abuse` measures what one hostile client costs (see [`abuse`]): legitimate throughput
@@ -13,9 +13,11 @@
 //! - `scale` compares the baseline, SQLite and 1..3 collectors on PostgreSQL in one run.
 //! - `import` measures a `tally import` while the server takes live load: the import's lines/s
 //!   and live p99 idle vs during the import (see [`import`]).
-//! - `baseline` is the do-nothing server `run` starts; `drive` drives a running server.
+//! - `baseline` and `ceiling` are the reference servers `run` starts; `drive` drives a running
+//!   server.
 
 mod abuse;
+mod ceiling;
 mod client;
 mod drive;
 mod import;
@@ -52,6 +54,13 @@ enum Cmd {
     Scale(scale::ScaleArgs),
     /// The do-nothing baseline server (started by `run`).
     Baseline,
+    /// The least a durable collector does: parse, group-committed append with fdatasync,
+    /// answer after the sync (started by `run`).
+    Ceiling {
+        /// The file it appends to.
+        #[arg(long)]
+        file: std::path::PathBuf,
+    },
     /// Drive an already running server (for profiling).
     Drive {
         #[arg(long)]
@@ -76,6 +85,7 @@ fn main() -> anyhow::Result<()> {
         let work = async move {
             match cli.command {
                 Cmd::Baseline => baseline().await,
+                Cmd::Ceiling { file } => ceiling::serve(file).await,
                 Cmd::Drive {
                     addr,
                     duration,

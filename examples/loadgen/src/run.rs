@@ -1,7 +1,9 @@
 //! `tally-loadgen run`: the throughput of the collector against a do-nothing baseline, in one
 //! run, with the same mix and connections, and what a stored hit costs on disk.
 //!
-//! Order: the baseline (warm-up, then `duration` measured), then tally on a fresh SQLite file
+//! Order: the baseline (warm-up, then `duration` measured), the durable ceiling
+//! ([`crate::ceiling`]: parse, one group-committed append and `fdatasync` per batch, nothing
+//! else; the most any durable collector can reach here), then tally on a fresh SQLite file
 //! (warm-up, `duration` measured, peak RSS read, then SIGTERM: tally commits its queue and
 //! closes the database). The database bytes per stored hit are the main file plus the WAL
 //! after that stop, divided by every hit answered `accepted` (warm-up included).
@@ -62,6 +64,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (base, base_cpu) = measured(&base_server, drive(base_server.addr, 2), duration).await?;
     base_server.stop().await?;
 
+    let ceiling_server = server::spawn_ceiling(&dir.join("ceiling.jsonl")).await?;
+    drive(ceiling_server.addr, 1).run(WARM_UP).await?;
+    let (ceil, ceil_cpu) =
+        measured(&ceiling_server, drive(ceiling_server.addr, 2), duration).await?;
+    ceiling_server.stop().await?;
+
     let db = dir.join("bench.sqlite");
     let mut tally =
         server::spawn_tally(&args.tally, &db, &args.tally_args, &dir.join("tally.log")).await?;
@@ -100,12 +108,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         "{:<14} {:>12} {:>10} {:>10} {:>8}",
         "server", "hits/s", "p50 ms", "p99 ms", "errors"
     );
-    for (name, s) in [("baseline", &base), ("tally", &t)] {
+    for (name, s) in [("baseline", &base), ("ceiling", &ceil), ("tally", &t)] {
         print_row(name, s);
     }
     println!(
-        "ratio tally/baseline: {:.2} (goal >= 0.5)",
-        t.rate() / base.rate()
+        "ratio tally/baseline: {:.2} (goal >= 0.5); ceiling/baseline: {:.2} (the most a durable \
+         collector reaches here); tally/ceiling: {:.2}",
+        t.rate() / base.rate(),
+        ceil.rate() / base.rate(),
+        t.rate() / ceil.rate()
     );
     println!(
         "tally p99: {:.2} ms (goal <= 25 ms); tally peak RSS {rss:.1} MB",
@@ -113,8 +124,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     println!(
         "CPU per answered hit (µs, from /proc/<pid>/stat, 10 ms ticks): baseline server {:.1} + \
-         load generator {:.1}; tally {:.1} + load generator {:.1}",
-        base_cpu.0, base_cpu.1, tally_cpu.0, tally_cpu.1
+         load generator {:.1}; ceiling {:.1} + load generator {:.1}; tally {:.1} + load \
+         generator {:.1}",
+        base_cpu.0, base_cpu.1, ceil_cpu.0, ceil_cpu.1, tally_cpu.0, tally_cpu.1
     );
     let stored = warm.accepted + t.accepted;
     let per_hit = |bytes: u64| bytes as f64 / stored.max(1) as f64;

@@ -1,5 +1,5 @@
-//! The servers under test as child processes: `tally serve` on a fresh SQLite file and the
-//! do-nothing baseline. A [`Server`] is killed when dropped (error paths, Ctrl-C), stopped with
+//! The servers under test as child processes: `tally serve` on a fresh SQLite file, the
+//! do-nothing baseline and the durable ceiling. A [`Server`] is killed when dropped (error paths, Ctrl-C), stopped with
 //! SIGTERM (so tally commits its queue and closes the database) by [`Server::stop`], and
 //! observed from outside: peak and current RSS from `/proc/<pid>/status`, CPU time from
 //! `/proc/<pid>/stat`, database bytes from the file sizes.
@@ -54,6 +54,16 @@ pub async fn spawn_tally(
 pub async fn spawn_baseline() -> anyhow::Result<Server> {
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("baseline").stderr(Stdio::null());
+    spawn(cmd, None).await
+}
+
+/// Start this program's `ceiling` subcommand, appending to `file`.
+pub async fn spawn_ceiling(file: &Path) -> anyhow::Result<Server> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("ceiling")
+        .arg("--file")
+        .arg(file)
+        .stderr(Stdio::null());
     spawn(cmd, None).await
 }
 
