@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Load benchmark: tally vs a do-nothing baseline (realistic mix), then peak RSS with 1M
-# distinct visitors.
+# Load benchmark: tally vs a do-nothing baseline and a durable ceiling (realistic mix), then
+# peak RSS with 1M distinct visitors.
 #   scripts/bench-load.sh [seconds-per-server] [-- extra loadgen run args, e.g. --mix cache]
 # TALLY_ARGS replaces the serve flags (besides --listen/--db) of every run.
 set -euo pipefail
