@@ -6,8 +6,9 @@
 //! body to one writer thread; the writer writes every body queued meanwhile to a log file with
 //! one `write` and one `fdatasync` (group commit, as tally's SQLite store does), then answers
 //! each `{"status":"accepted"}`. It keeps no index, dedupes nothing, counts nothing and checks
-//! no site, origin or bot: strictly less than tally must do, so its rate bounds what any
-//! durable collector can reach with the same generator on the same cores.
+//! no site, origin or bot: strictly less than tally must do, so its rate is about the most a
+//! durable collector reaches with the same generator on the same cores (one batch is assumed
+//! to fit the log: bodies of at most 8 KiB from at most a few thousand connections).
 
 use std::io::Write;
 use std::path::PathBuf;

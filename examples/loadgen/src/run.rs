@@ -2,13 +2,13 @@
 //! run, with the same mix and connections, and what a stored hit costs on disk.
 //!
 //! Order: the baseline (warm-up, then `duration` measured), the durable ceiling
-//! ([`crate::ceiling`]: parse, one group-committed append and `fdatasync` per batch, nothing
-//! else; the most any durable collector can reach here), then tally on a fresh SQLite file
+//! ([`crate::ceiling`]: parse, one group-committed write and `fdatasync` per batch, nothing
+//! else: about the most a durable collector reaches here), then tally on a fresh SQLite file
 //! (warm-up, `duration` measured, peak RSS read, then SIGTERM: tally commits its queue and
 //! closes the database). The database bytes per stored hit are the main file plus the WAL
 //! after that stop, divided by every hit answered `accepted` (warm-up included).
 //!
-//! Both servers share the host's cores with this load generator, so the ratio is bounded by
+//! All servers share the host's cores with this load generator, so the ratio is bounded by
 //! CPU: the run also prints the CPU time each server and the generator spent per answered
 //! request during the measured window (`/proc/<pid>/stat`), which says where the cores went.
 
@@ -112,8 +112,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         print_row(name, s);
     }
     println!(
-        "ratio tally/baseline: {:.2} (goal >= 0.5); ceiling/baseline: {:.2} (the most a durable \
-         collector reaches here); tally/ceiling: {:.2}",
+        "ratio tally/baseline: {:.2} (goal >= 0.5); ceiling/baseline: {:.2} (durable, counting \
+         nothing); tally/ceiling: {:.2}",
         t.rate() / base.rate(),
         ceil.rate() / base.rate(),
         t.rate() / ceil.rate()
