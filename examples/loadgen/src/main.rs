@@ -4,7 +4,8 @@
 //!
 //! - `run` measures throughput and latency: a do-nothing axum baseline, the least a durable
 //!   collector must do ([`ceiling`]) and `tally serve` (fresh SQLite file), driven in the same
-//!   run with the same mix and connections; prints hits/s, p50, p99, the ratios to the baseline, tally's peak RSS, and the database bytes per stored
+//!   run with the same mix and connections (`--rounds N` times, with medians); prints hits/s, p50,
+//!   p99, the ratios to the baseline, tally's peak RSS, and the database bytes per stored
 //!   hit (main file + WAL after a clean stop). The mix is realistic by default (see [`mix`]);
 //!   `--mix cache` is the earlier cache-friendly one.
 //! - `abuse` measures what one hostile client costs (see [`abuse`]): legitimate throughput
