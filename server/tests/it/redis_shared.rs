@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::support::{Binary, client, event_id_at, post_hit, redis_cleanup, redis_url};
+use crate::support::{Binary, client, event_id_at, post_hit, redis_cleanup, redis_url, slow_redis};
 
 fn hit(visitor: &str) -> Value {
     json!({"site": "shared", "type": "pageview", "event_id": event_id_at(jiff::Timestamp::now()),
@@ -74,10 +74,11 @@ async fn two_collectors_share_the_live_window_and_the_limits_through_redis() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_that_does_not_answer_never_costs_a_hit() {
-    // Port 1 on loopback: nothing listens, every connection is refused.
-    let server = Binary::start(&["--auto-sites", "--redis", "redis://127.0.0.1:1/"]).await;
+/// A collector on the Redis at `redis` (with `args`), which cannot serve it in time: two
+/// views are accepted and in this collector's own live window, `/readyz` says ready with
+/// Redis unavailable, and `/metrics` reports the fallback.
+async fn counts_without_redis(redis: &str, args: &[&str]) {
+    let server = Binary::start(&[&["--auto-sites", "--redis", redis], args].concat()).await;
     let http = client();
     for visitor in [V1, V2] {
         let r: Value = post_hit(&http, &server, &hit(visitor))
@@ -85,7 +86,7 @@ async fn a_redis_that_does_not_answer_never_costs_a_hit() {
             .json()
             .await
             .expect("json");
-        assert_eq!(r["status"], "accepted");
+        assert_eq!(r["status"], "accepted", "Redis never costs a hit");
     }
     let live = live(&http, &server).await;
     assert_eq!(
@@ -110,15 +111,38 @@ async fn a_redis_that_does_not_answer_never_costs_a_hit() {
             .contains("redis unavailable")
     );
     let metrics = server.text("/metrics").await;
-    assert!(
-        metrics.contains("tally_redis_fallback_active 1"),
+    assert_eq!(
+        metric(&metrics, "tally_redis_fallback_active"),
+        Some(1.0),
         "{metrics}"
     );
-    let fallbacks = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("tally_redis_fallbacks_total "))
-        .and_then(|n| n.trim().parse::<f64>().ok())
-        .expect("fallback counter");
-    assert!(fallbacks >= 1.0);
+    assert!(
+        metric(&metrics, "tally_redis_fallbacks_total").is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
     server.stop().await;
+}
+
+/// The metric `name`'s value in a `/metrics` text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_does_not_answer_never_costs_a_hit() {
+    // Port 1 on loopback: nothing listens, every connection is refused.
+    counts_without_redis("redis://127.0.0.1:1/", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_answers_too_late_falls_back_and_never_costs_a_hit() {
+    let Some(url) = redis_url() else { return };
+    // Every answer arrives after 350 ms: more than a call's 250 ms budget, less than the redis
+    // client's own 500 ms response timeout, so tally's budget is what must catch it.
+    let slow = slow_redis(&url, std::time::Duration::from_millis(350)).await;
+    let prefix = format!("tally-test:{}:", uuid::Uuid::new_v4().simple());
+    counts_without_redis(&slow, &["--redis-prefix", &prefix]).await;
+    redis_cleanup(&url, &prefix);
 }

@@ -537,6 +537,34 @@ mod on_redis {
         assert_eq!((n.events, n.visitors), (1, 1));
     }
 
+    /// A live record whose pipeline Redis answers too late (after 350 ms: more than a call's
+    /// 250 ms budget, less than the redis client's own 500 ms response timeout, so tally's
+    /// budget is what must catch it) is counted as a fallback, and reads, which skip Redis for
+    /// a while after a failure, find it in the collector's own window.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_live_record_that_redis_answers_too_late_counts_as_a_fallback() {
+        if url().is_none() {
+            return;
+        }
+        let state = Redis::fresh(Duration::from_secs(3600));
+        let slow = crate::support::slow_redis(&state.url, Duration::from_millis(350)).await;
+        let link = RedisLink::new(&slow, &state.prefix, [7; 32]).expect("redis url");
+        let live = RedisLive::new(
+            Arc::clone(&link),
+            LIVE_WINDOW_SECS,
+            MemoryLive::new(LIVE_WINDOW_SECS, 1000, 1000, 10_000),
+        );
+        live.record(&entry("s", Some("/a"), 1), T0_MS).await;
+        assert_eq!(
+            link.health.fallbacks(),
+            1,
+            "the late record is one fallback"
+        );
+        assert!(!link.health.is_up());
+        let read = live.read(&site("s"), Some(&page("/a")), T0_MS + 1).await;
+        assert_eq!((read.events, read.visitors), (1, 1), "{read:?}");
+    }
+
     impl Drop for Redis {
         fn drop(&mut self) {
             // Synchronous: no runtime is guaranteed here.

@@ -380,3 +380,48 @@ pub async fn post_hit(
         .await
         .expect("request")
 }
+
+/// A Redis URL for the Redis at `url` behind a TCP proxy on a loopback port that holds every
+/// chunk Redis sends back for `delay` before passing it on: a Redis that answers, but too
+/// late. Requests pass at once.
+pub async fn slow_redis(url: &str, delay: std::time::Duration) -> String {
+    let target = url
+        .trim_start_matches("redis://")
+        .split(['/', '?'])
+        .next()
+        .and_then(|hostport| {
+            use std::net::ToSocketAddrs;
+            hostport.to_socket_addrs().ok()?.next()
+        })
+        .expect("a host:port in the Redis URL");
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                continue;
+            };
+            let (mut client_rx, mut client_tx) = client.into_split();
+            let (mut server_rx, mut server_tx) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut client_rx, &mut server_tx).await;
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n) = server_rx.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    if client_tx.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    format!("redis://{addr}/")
+}
