@@ -1,10 +1,13 @@
 //! Several collectors sharing one Redis (`--redis`): the live window is the union, the
 //! per-address limits are charged once for all; and a Redis that does not answer never costs a
-//! hit. Real `tally serve` processes; the shared-Redis test needs `TALLY_TEST_REDIS`.
+//! hit, nor does one that answers too late. Real `tally serve` processes; the tests on a real
+//! Redis need `TALLY_TEST_REDIS`.
 
 use serde_json::{Value, json};
 
-use crate::support::{Binary, client, event_id_at, post_hit, redis_cleanup, redis_url, slow_redis};
+use crate::support::{
+    Binary, client, event_id_at, metric_value, post_hit, redis_cleanup, redis_url, slow_redis,
+};
 
 fn hit(visitor: &str) -> Value {
     json!({"site": "shared", "type": "pageview", "event_id": event_id_at(jiff::Timestamp::now()),
@@ -112,22 +115,15 @@ async fn counts_without_redis(redis: &str, args: &[&str]) {
     );
     let metrics = server.text("/metrics").await;
     assert_eq!(
-        metric(&metrics, "tally_redis_fallback_active"),
+        metric_value(&metrics, "tally_redis_fallback_active"),
         Some(1.0),
         "{metrics}"
     );
     assert!(
-        metric(&metrics, "tally_redis_fallbacks_total").is_some_and(|n| n >= 1.0),
+        metric_value(&metrics, "tally_redis_fallbacks_total").is_some_and(|n| n >= 1.0),
         "{metrics}"
     );
     server.stop().await;
-}
-
-/// The metric `name`'s value in a `/metrics` text.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|n| n.trim().parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -212,10 +212,7 @@ impl TestApp {
 
     /// The value of one metric line (`name` with its labels), if present.
     pub async fn metric(&self, name: &str) -> Option<f64> {
-        let text = self.metrics().await;
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-            .and_then(|v| v.trim().parse().ok())
+        metric_value(&self.metrics().await, name)
     }
 
     /// The Prometheus text of `/metrics`.
@@ -340,6 +337,13 @@ impl Binary {
 }
 
 /// The test Redis (`TALLY_TEST_REDIS`), or a loud "SKIPPED" and `None` when it is unset.
+/// The value of the metric line `name` (with its labels, if any) in a `/metrics` text.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 pub fn redis_url() -> Option<String> {
     let url = std::env::var("TALLY_TEST_REDIS")
         .ok()
@@ -385,6 +389,7 @@ pub async fn post_hit(
 /// chunk Redis sends back for `delay` before passing it on: a Redis that answers, but too
 /// late. Requests pass at once.
 pub async fn slow_redis(url: &str, delay: std::time::Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let target = url
         .trim_start_matches("redis://")
         .split(['/', '?'])
@@ -394,7 +399,6 @@ pub async fn slow_redis(url: &str, delay: std::time::Duration) -> String {
             hostport.to_socket_addrs().ok()?.next()
         })
         .expect("a host:port in the Redis URL");
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
