@@ -92,6 +92,14 @@ enum Command {
         /// The new file (never overwritten).
         file: PathBuf,
     },
+    /// Copy every table of this SQLite database (sites, counters, visitor sets, raw events,
+    /// salts) into an EMPTY PostgreSQL database, in one transaction, then verify it there.
+    /// Stop `tally serve` first: hits it acknowledges after the copy are not in PostgreSQL.
+    CopyTo {
+        /// The PostgreSQL URL (`postgres://user@host/db`; `?options=-csearch_path%3Dname` for
+        /// a schema other than `public`).
+        url: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -250,6 +258,7 @@ fn main() -> anyhow::Result<()> {
                 println!("backup written to {}", file.display());
                 Ok(())
             }
+            Command::CopyTo { url } => copy_to(&config, &sqlite, &url).await,
         }
     })
 }
@@ -383,6 +392,43 @@ fn normalise_origin(raw: &str) -> anyhow::Result<String> {
         "origin {raw:?} must be http(s)"
     );
     Ok(url.origin().ascii_serialization())
+}
+
+async fn copy_to(
+    config: &ServeConfig,
+    sqlite: &tally::store::sqlite::SqliteStore,
+    url: &str,
+) -> anyhow::Result<()> {
+    let target = tally::config::Database::from_arg(PathBuf::from(url));
+    let tally::config::Database::Postgres(url) = &target else {
+        anyhow::bail!("copy-to takes a PostgreSQL URL (postgres://…), not {target}");
+    };
+    let options = tally::store::postgres::PgOptions {
+        pool_size: 2,
+        max_new_pages_per_day: config.max_new_pages_per_day,
+        schema: None,
+    };
+    let pg = tally::store::postgres::PgStore::open(url, options)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open database {target}: {e}"))?;
+    let started = std::time::Instant::now();
+    let report = tally::store::copy::sqlite_to_postgres(sqlite, &pg)
+        .await
+        .map_err(|e| anyhow::anyhow!("nothing was copied: {e}"))?;
+    for (table, rows) in &report.tables {
+        println!("{table:<15} {rows:>12} rows");
+    }
+    if report.import_ledger_rows > 0 {
+        println!(
+            "not copied: {} rows of the import ledger (re-run imports against the SQLite file)",
+            report.import_ledger_rows
+        );
+    }
+    println!(
+        "copied to {target} in {:.1} s; verifying there",
+        started.elapsed().as_secs_f64()
+    );
+    verify(&pg, false).await
 }
 
 async fn verify(store: &dyn tally::store::Store, repair: bool) -> anyhow::Result<()> {

@@ -33,6 +33,7 @@
 //!
 //! Backends: [`sqlite`] (the default, one file) and [`postgres`] (several collectors on one
 //! database; `--db postgres://…`).
+pub mod copy;
 pub mod postgres;
 pub mod sqlite;
 

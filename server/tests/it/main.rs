@@ -9,6 +9,7 @@ mod cli;
 mod compression;
 mod concurrency;
 mod connections;
+mod copy_to;
 mod crash;
 mod dashboard;
 mod days;

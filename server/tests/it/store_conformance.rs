@@ -444,7 +444,7 @@ async fn range_visitors_are_exact_at_100k(db: &impl Harness) {
 }
 
 /// A page view number `i` (any u32) of `visitor` on `page`, at noon UTC of `day`.
-fn view(i: u32, visitor: u32, page: &str, day: jiff::civil::Date) -> Record {
+pub(crate) fn view(i: u32, visitor: u32, page: &str, day: jiff::civil::Date) -> Record {
     let at = day
         .to_zoned(jiff::tz::TimeZone::UTC)
         .expect("zoned")
@@ -1462,12 +1462,17 @@ pub(crate) mod postgres {
         }
 
         async fn open(&self, max_new_pages_per_day: u32) -> Arc<dyn Store> {
+            Arc::new(self.pg_store(max_new_pages_per_day).await)
+        }
+
+        /// The store on this schema as itself (for what only PostgreSQL has, e.g. `load`).
+        pub(crate) async fn pg_store(&self, max_new_pages_per_day: u32) -> PgStore {
             let options = PgOptions {
                 pool_size: 4,
                 max_new_pages_per_day,
                 schema: Some(self.schema.clone()),
             };
-            Arc::new(PgStore::open(&self.url, options).await.expect("open"))
+            PgStore::open(&self.url, options).await.expect("open")
         }
 
         /// Run `sql` in the test schema through a separate connection, from a thread of its

@@ -22,6 +22,7 @@
 //! recounts and repairs, `prune` applies retention.
 
 mod intern;
+mod load;
 mod prune;
 mod read;
 mod schema;

@@ -39,6 +39,7 @@
 //! batches, `durable` syncs the WAL beside the writer, `journal` keeps new visitor-set rows until they move in bulk, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
 
 mod backup;
+mod dump;
 mod durable;
 mod export;
 mod guard;
@@ -52,6 +53,7 @@ mod verify;
 mod write;
 
 pub use backup::migration_backup_path;
+pub use dump::Dump;
 pub use export::{DailyExportRow, EventExportRow};
 use guard::FileGuard;
 pub use import::{DailyImport, ImportOptions};

@@ -1,0 +1,233 @@
+//! `tally copy-to`: every table of a SQLite database into an empty PostgreSQL database, so an
+//! operator who outgrows one machine keeps the history, the visitor sets and the salts.
+//!
+//! Contract:
+//! - The SQLite side is read under its write lock (`BEGIN IMMEDIATE` on a connection of its
+//!   own, see `sqlite::dump`) and the lock is held until PostgreSQL has committed or rolled
+//!   back: nothing can be acknowledged by a collector on the SQLite file while the copy runs
+//!   (its batches wait, then fail with 503 and are retried by the snippet), so every hit
+//!   acknowledged before the copy began is in the copy.
+//! - The PostgreSQL side is ONE transaction (`postgres::load`): its tables are locked, must be
+//!   empty (the copy never merges into live data), are filled by binary `COPY`, and the
+//!   identity sequences are moved past the copied ids. Any error rolls everything back.
+//! - Ids are kept (sites, pages), so every counter, visitor set and raw event keeps its keys.
+//!   The two schemas differ in three ways, bridged here: PostgreSQL keys counters, bases and
+//!   visitor sets by site as well (taken from the page); it keeps a site's all-time visitor set
+//!   as explicit rows with the whole-site scope (SQLite reads it as the prefix of the page
+//!   rows); and it keeps the dedupe keys of custom events in `event_keys` (SQLite in an index
+//!   of `events`). Visitor-set rows still in SQLite's journal are copied with their tables.
+//! - Every copied table's row count is checked against the count SQLite expects (a row whose
+//!   page is missing would otherwise vanish in a join): a difference rolls the copy back.
+//! - Not copied: the import ledger (`tally import` refuses on PostgreSQL for now; its only use
+//!   is to make a re-run of an import on the same SQLite file count nothing twice).
+
+use crate::store::StoreError;
+
+/// The PostgreSQL type of a copied column (SQLite stores every one of them as an integer,
+/// text or blob).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Col {
+    I64,
+    I32,
+    I16,
+    Bool,
+    /// Text, possibly NULL.
+    Text,
+    Bytes,
+    /// A 16-byte blob as a UUID.
+    Uuid,
+}
+
+/// One SQLite value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Int(i64),
+    Text(String),
+    Blob(Vec<u8>),
+    Null,
+}
+
+/// One table of the copy: what SQLite is asked, what PostgreSQL receives.
+#[derive(Debug)]
+pub struct Table {
+    /// The PostgreSQL table and its column list, as `COPY` takes it.
+    pub pg: &'static str,
+    pub cols: &'static [Col],
+    /// The rows, in the column order of `pg`.
+    pub select: &'static str,
+    /// How many rows the copy must hold (SQLite counts them without the joins of `select`).
+    pub expect: &'static str,
+}
+
+use Col::{Bool, Bytes, I16, I32, I64, Text, Uuid};
+
+/// Every table, parents first.
+pub const TABLES: &[Table] = &[
+    Table {
+        pg: "sites (id, origins, timezone, public, ingest_key)",
+        cols: &[Text, Text, Text, Bool, Text],
+        select: "SELECT id, origins, timezone, public, ingest_key FROM sites",
+        expect: "SELECT count(*) FROM sites",
+    },
+    Table {
+        pg: "site_keys (id, name)",
+        cols: &[I64, Text],
+        select: "SELECT id, name FROM site_keys",
+        expect: "SELECT count(*) FROM site_keys",
+    },
+    Table {
+        pg: "pages (site, id, path)",
+        cols: &[I64, I64, Text],
+        select: "SELECT site, id, path FROM pages",
+        expect: "SELECT count(*) FROM pages",
+    },
+    Table {
+        pg: "page_quota (site, day, created)",
+        cols: &[I64, I32, I32],
+        select: "SELECT site, day, created FROM page_quota",
+        expect: "SELECT count(*) FROM page_quota",
+    },
+    Table {
+        pg: "events (site, event_id, source, kind, page, name, dedupe, visitor, at_ms, day, referrer)",
+        cols: &[I64, Uuid, I16, I16, I64, Text, Text, Bytes, I64, I32, Text],
+        select: "SELECT site, event_id, source, kind, page, name, dedupe, visitor, at_ms, day, \
+                 referrer FROM events",
+        expect: "SELECT count(*) FROM events",
+    },
+    Table {
+        pg: "event_keys (site, name, dedupe, event_id)",
+        cols: &[I64, Text, Text, Uuid],
+        select: "SELECT site, name, dedupe, event_id FROM events WHERE dedupe IS NOT NULL",
+        expect: "SELECT count(*) FROM events WHERE dedupe IS NOT NULL",
+    },
+    Table {
+        pg: "visits (site, day, scope, source, visitor)",
+        cols: &[I64, I32, I64, I16, Bytes],
+        select: "SELECT p.site, v.day, v.scope, v.source, v.visitor FROM \
+                 (SELECT day, scope, source, visitor FROM visits \
+                  UNION SELECT day, scope, source, visitor FROM set_journal WHERE day >= 0) v \
+                 JOIN pages p ON p.id = v.scope",
+        expect: "SELECT count(*) FROM (SELECT day, scope, source, visitor FROM visits \
+                 UNION SELECT day, scope, source, visitor FROM set_journal WHERE day >= 0)",
+    },
+    Table {
+        // The pages' all-time sets, then each site's own (its whole-site scope, page '').
+        pg: "reach (site, source, visitor, page)",
+        cols: &[I64, I16, Bytes, I64],
+        select: "WITH r AS (SELECT site, source, visitor, page FROM reach \
+                   UNION SELECT site, source, visitor, scope FROM set_journal WHERE day = -1) \
+                 SELECT site, source, visitor, page FROM r \
+                 UNION ALL \
+                 SELECT s.site, s.source, s.visitor, p.id FROM \
+                   (SELECT DISTINCT site, source, visitor FROM r) s \
+                   JOIN pages p ON p.site = s.site AND p.path = ''",
+        expect: "WITH r AS (SELECT site, source, visitor, page FROM reach \
+                   UNION SELECT site, source, visitor, scope FROM set_journal WHERE day = -1) \
+                 SELECT (SELECT count(*) FROM r) \
+                   + (SELECT count(*) FROM (SELECT DISTINCT site, source, visitor FROM r))",
+    },
+    Table {
+        pg: "counters (site, scope, source, day, views, visitors)",
+        cols: &[I64, I64, I16, I32, I64, I64],
+        select: "SELECT p.site, c.scope, c.source, c.day, c.views, c.visitors FROM counters c \
+                 JOIN pages p ON p.id = c.scope",
+        expect: "SELECT count(*) FROM counters",
+    },
+    Table {
+        pg: "event_counters (site, name, day, count)",
+        cols: &[I64, Text, I32, I64],
+        select: "SELECT site, name, day, count FROM event_counters",
+        expect: "SELECT count(*) FROM event_counters",
+    },
+    Table {
+        pg: "bases (site, scope, views, visitors)",
+        cols: &[I64, I64, I64, I64],
+        select: "SELECT p.site, b.scope, b.views, b.visitors FROM bases b \
+                 JOIN pages p ON p.id = b.scope",
+        expect: "SELECT count(*) FROM bases",
+    },
+    Table {
+        pg: "filtered (site, day, reason, count)",
+        cols: &[I64, I32, I16, I64],
+        select: "SELECT site, day, reason, count FROM filtered",
+        expect: "SELECT count(*) FROM filtered",
+    },
+    Table {
+        pg: "salts (day, salt)",
+        cols: &[I32, Bytes],
+        select: "SELECT day, salt FROM salts",
+        expect: "SELECT count(*) FROM salts",
+    },
+    Table {
+        pg: "meta (key, value)",
+        cols: &[Text, I64],
+        select: "SELECT key, value FROM meta",
+        expect: "SELECT count(*) FROM meta",
+    },
+];
+
+impl Table {
+    /// The PostgreSQL table's name.
+    pub fn name(&self) -> &'static str {
+        self.pg.split_once(' ').map_or(self.pg, |(name, _)| name)
+    }
+}
+
+/// Rows sent from the SQLite reader to the PostgreSQL loader: a chunk of table `table`'s rows,
+/// or (empty `rows`, `end`) the end of that table with the count SQLite expects.
+#[derive(Debug)]
+pub struct Chunk {
+    /// Index into [`TABLES`].
+    pub table: usize,
+    pub rows: Vec<Vec<Value>>,
+    /// Set on the table's last message: the rows it must have.
+    pub end: Option<u64>,
+}
+
+/// Rows per chunk: bounded memory however large the database.
+pub const CHUNK_ROWS: usize = 10_000;
+
+/// Rows copied per table, in [`TABLES`] order, and what was left behind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CopyReport {
+    pub tables: Vec<(&'static str, u64)>,
+    /// Rows of SQLite's import ledger, not copied.
+    pub import_ledger_rows: u64,
+}
+
+/// A copy that cannot go on, in words an operator can act on.
+pub(crate) fn refused(why: impl Into<String>) -> StoreError {
+    StoreError::Invalid(why.into())
+}
+
+/// Copy everything from `sqlite` into `pg` (see the module's contract).
+pub async fn sqlite_to_postgres(
+    sqlite: &crate::store::sqlite::SqliteStore,
+    pg: &crate::store::postgres::PgStore,
+) -> Result<CopyReport, StoreError> {
+    let (rows_tx, rows_rx) = tokio::sync::mpsc::channel::<Chunk>(4);
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let path = sqlite.path().to_owned();
+    let reader = tokio::task::spawn_blocking(move || -> Result<Option<u64>, StoreError> {
+        let dump = crate::store::sqlite::Dump::open(&path)?;
+        let ledger = dump.read_all(&rows_tx)?;
+        drop(rows_tx);
+        // Hold SQLite's write lock until PostgreSQL committed or gave up.
+        let _ = release_rx.recv();
+        drop(dump);
+        Ok(ledger)
+    });
+    let loaded = pg.load(rows_rx).await;
+    let _ = release_tx.send(());
+    let read = reader
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("the SQLite reader stopped: {e}")))?;
+    // A reader that failed explains a load that ended early: its error first. A reader that
+    // found its channel closed (`None`) stopped because the loader did: the loader's error.
+    let ledger = read?;
+    let tables = loaded?;
+    Ok(CopyReport {
+        tables,
+        import_ledger_rows: ledger.unwrap_or(0),
+    })
+}
