@@ -3,12 +3,13 @@
 //!
 //! Contract:
 //! - The SQLite side is read under its write lock (`BEGIN IMMEDIATE` on a connection of its
-//!   own, see `sqlite::dump`) and the lock is held until PostgreSQL has committed or rolled
-//!   back: nothing can be acknowledged by a collector on the SQLite file while the copy runs
+//!   own, see `sqlite::dump`), taken only once PostgreSQL's tables are locked and found empty
+//!   (a busy or non-empty target never holds the file), and held until PostgreSQL has
+//!   committed or rolled back: nothing can be acknowledged by a collector on the SQLite file while the copy runs
 //!   (its batches wait, then fail with 503 and are retried by the snippet), so every hit
 //!   acknowledged before the copy began is in the copy.
-//! - The PostgreSQL side is ONE transaction (`postgres::load`): its tables are locked, must be
-//!   empty (the copy never merges into live data), are filled by binary `COPY`, and the
+//! - The PostgreSQL side is ONE transaction (`postgres::load`): its tables are locked (a
+//!   wait of at most 10 s, then a clear refusal), must be empty (the copy never merges into live data), are filled by binary `COPY`, and the
 //!   identity sequences are moved past the copied ids. Any error rolls everything back.
 //! - Ids are kept (sites, pages), so every counter, visitor set and raw event keeps its keys.
 //!   The two schemas differ in three ways, bridged here: PostgreSQL keys counters, bases and
@@ -18,6 +19,8 @@
 //!   of `events`). Visitor-set rows still in SQLite's journal are copied with their tables.
 //! - Every copied table's row count is checked against the count SQLite expects (a row whose
 //!   page is missing would otherwise vanish in a join): a difference rolls the copy back.
+//! - Imported daily aggregates (`source` 2, from SQLite's import) are copied as they are; both
+//!   backends read them as web numbers with summed visitors and never recount them.
 //! - Not copied: the import ledger (`tally import` refuses on PostgreSQL for now; its only use
 //!   is to make a re-run of an import on the same SQLite file count nothing twice).
 
@@ -111,19 +114,23 @@ pub const TABLES: &[Table] = &[
                  UNION SELECT day, scope, source, visitor FROM set_journal WHERE day >= 0)",
     },
     Table {
-        // The pages' all-time sets, then each site's own (its whole-site scope, page '').
+        // The pages' all-time sets, then each site's own (its whole-site scope, page ''). A
+        // whole-site row SQLite already holds (left by the v1 migration) is in the second part.
         pg: "reach (site, source, visitor, page)",
         cols: &[I64, I16, Bytes, I64],
         select: "WITH r AS (SELECT site, source, visitor, page FROM reach \
-                   UNION SELECT site, source, visitor, scope FROM set_journal WHERE day = -1) \
+                   UNION SELECT site, source, visitor, scope FROM set_journal WHERE day = -1), \
+                 whole AS (SELECT site, id FROM pages WHERE path = '') \
                  SELECT site, source, visitor, page FROM r \
+                   WHERE page NOT IN (SELECT id FROM whole) \
                  UNION ALL \
-                 SELECT s.site, s.source, s.visitor, p.id FROM \
+                 SELECT s.site, s.source, s.visitor, w.id FROM \
                    (SELECT DISTINCT site, source, visitor FROM r) s \
-                   JOIN pages p ON p.site = s.site AND p.path = ''",
+                   JOIN whole w ON w.site = s.site",
         expect: "WITH r AS (SELECT site, source, visitor, page FROM reach \
                    UNION SELECT site, source, visitor, scope FROM set_journal WHERE day = -1) \
-                 SELECT (SELECT count(*) FROM r) \
+                 SELECT (SELECT count(*) FROM r \
+                         WHERE page NOT IN (SELECT id FROM pages WHERE path = '')) \
                    + (SELECT count(*) FROM (SELECT DISTINCT site, source, visitor FROM r))",
     },
     Table {
@@ -200,15 +207,22 @@ pub(crate) fn refused(why: impl Into<String>) -> StoreError {
     StoreError::Invalid(why.into())
 }
 
-/// Copy everything from `sqlite` into `pg` (see the module's contract).
+/// Copy everything from `sqlite` into `pg` (see the module's contract). PostgreSQL's tables
+/// are locked and found empty before SQLite's write lock is taken, so a busy or non-empty
+/// target never holds the SQLite file.
 pub async fn sqlite_to_postgres(
     sqlite: &crate::store::sqlite::SqliteStore,
     pg: &crate::store::postgres::PgStore,
 ) -> Result<CopyReport, StoreError> {
     let (rows_tx, rows_rx) = tokio::sync::mpsc::channel::<Chunk>(4);
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let path = sqlite.path().to_owned();
     let reader = tokio::task::spawn_blocking(move || -> Result<Option<u64>, StoreError> {
+        // No go: the loader stopped before it was ready (its error says why).
+        if go_rx.recv().is_err() {
+            return Ok(None);
+        }
         let dump = crate::store::sqlite::Dump::open(&path)?;
         let ledger = dump.read_all(&rows_tx)?;
         drop(rows_tx);
@@ -217,7 +231,11 @@ pub async fn sqlite_to_postgres(
         drop(dump);
         Ok(ledger)
     });
-    let loaded = pg.load(rows_rx).await;
+    let loaded = pg
+        .load(rows_rx, move || {
+            let _ = go_tx.send(());
+        })
+        .await;
     let _ = release_tx.send(());
     let read = reader
         .await

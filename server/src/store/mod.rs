@@ -47,6 +47,12 @@ use crate::core::filtered::{FilteredCounts, FilteredRow};
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::record::{Outcome, Record};
 
+/// `source` of imported daily aggregates in `counters` (Plausible, `tally-csv`; written by
+/// SQLite's import, brought to PostgreSQL by `tally copy-to`): added to the web numbers when
+/// read, their daily visitors summed (they have no visitor sets), never recounted by `verify`
+/// (they have no raw events), like bases.
+pub(crate) const IMPORTED_SOURCE: i64 = 2;
+
 /// The stored path of the one page per site that counts views of pages beyond the page cap.
 /// It cannot collide with a real page: page keys start with `/`.
 pub const OTHER_PAGE: &str = "(other)";

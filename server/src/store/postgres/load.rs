@@ -1,8 +1,9 @@
 //! Filling an empty database from a SQLite copy (`tally copy-to`, `crate::store::copy`).
 //!
 //! Contract: ONE transaction. It locks every table of [`TABLES`] (`ACCESS EXCLUSIVE`: no
-//! collector reads or writes them meanwhile), refuses when any holds a row (a copy never
-//! merges into live data), fills them with binary `COPY` in [`TABLES`] order as the chunks
+//! collector reads or writes them meanwhile; refused after [`LOCK_WAIT_SECS`] of waiting),
+//! refuses when any holds a row (a copy never merges into live data), then calls `ready` (the
+//! SQLite side takes its own lock only now), fills them with binary `COPY` in [`TABLES`] order as the chunks
 //! arrive, checks each table's count against the count SQLite sent, moves the identity
 //! sequences of `site_keys` and `pages` past the copied ids (so the next site or page gets a
 //! new id), and commits. Any error, or a reader that stops before the last table, rolls it
@@ -56,6 +57,9 @@ fn pg_type(col: Col) -> Type {
     }
 }
 
+/// How long the copy waits for the PostgreSQL tables' locks.
+const LOCK_WAIT_SECS: u32 = 10;
+
 fn stopped_early() -> StoreError {
     StoreError::Unavailable("the SQLite reader stopped before the last table".into())
 }
@@ -66,15 +70,25 @@ impl PgStore {
     pub async fn load(
         &self,
         mut chunks: tokio::sync::mpsc::Receiver<Chunk>,
+        ready: impl FnOnce(),
     ) -> Result<Vec<(&'static str, u64)>, StoreError> {
         let mut client = self.client().await.map_err(StoreError::from)?;
         let tx = client.transaction().await?;
         let names: Vec<&str> = TABLES.iter().map(|t| t.name()).collect();
+        // Collectors running on this database hold locks on these tables: say so instead of
+        // waiting for them forever.
         tx.batch_execute(&format!(
-            "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+            "SET LOCAL lock_timeout = '{LOCK_WAIT_SECS}s'; \
+             LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
             names.join(", ")
         ))
-        .await?;
+        .await
+        .map_err(|e| {
+            refused(format!(
+                "the PostgreSQL tables could not be locked within {LOCK_WAIT_SECS} s (is a \
+                 collector running on this database?): {e}"
+            ))
+        })?;
         let any = names
             .iter()
             .map(|n| format!("SELECT '{n}' FROM {n} HAVING count(*) > 0"))
@@ -93,6 +107,7 @@ impl PgStore {
                 holding.join(", ")
             )));
         }
+        ready();
         let mut copied = Vec::with_capacity(TABLES.len());
         let mut next = chunks.recv().await;
         for (i, table) in TABLES.iter().enumerate() {

@@ -11,7 +11,8 @@ use crate::core::filtered::{FilteredCounts, Reason};
 use crate::core::ids::SiteId;
 use crate::core::record::Source;
 use crate::store::{
-    BySource, CountsRaw, DayRow, EventRow, PageRow, ReferrerRow, Site, StoreError, numbers,
+    BySource, CountsRaw, DayRow, EventRow, IMPORTED_SOURCE, PageRow, ReferrerRow, Site, StoreError,
+    numbers,
 };
 
 fn set_source(target: &mut BySource, source: i16, n: Numbers) {
@@ -258,13 +259,18 @@ pub(super) async fn range_totals(
     let (from, to) = clamp(from, to);
     let stmt = client
         .prepare_cached(
-            "SELECT source, SUM(views)::int8 FROM counters \
+            "SELECT source, SUM(views)::int8, SUM(visitors)::int8 FROM counters \
              WHERE site = $1 AND scope = $2 AND day BETWEEN $3 AND $4 GROUP BY source",
         )
         .await?;
     for row in client.query(&stmt, &[&site_id, &scope, &from, &to]).await? {
         let source: i16 = row.get(0);
-        let visitors = distinct_visitors(&client, (site_id, scope, source), from, to).await?;
+        // Imported aggregates have no visitor sets: their daily visitors are summed.
+        let visitors = if i64::from(source) == IMPORTED_SOURCE {
+            row.get::<_, i64>(2).max(0) as u64
+        } else {
+            distinct_visitors(&client, (site_id, scope, source), from, to).await?
+        };
         set_source(
             &mut out,
             source,

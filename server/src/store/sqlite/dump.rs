@@ -63,6 +63,11 @@ impl Dump {
         &self,
         out: &tokio::sync::mpsc::Sender<Chunk>,
     ) -> Result<Option<u64>, StoreError> {
+        // Counted first: after the last table's end nothing here may fail, or PostgreSQL
+        // would commit a copy this side reports as failed.
+        let ledger: i64 = self
+            .conn
+            .query_row("SELECT count(*) FROM import_ledger", [], |r| r.get(0))?;
         for (i, table) in TABLES.iter().enumerate() {
             let mut stmt = self.conn.prepare(table.select)?;
             let width = stmt.column_count();
@@ -96,9 +101,6 @@ impl Dump {
                 return Ok(None);
             }
         }
-        let ledger: i64 = self
-            .conn
-            .query_row("SELECT count(*) FROM import_ledger", [], |r| r.get(0))?;
         Ok(Some(u64::try_from(ledger).unwrap_or(0)))
     }
 }

@@ -88,9 +88,7 @@ use crate::core::record::{Outcome, Record, Source};
 const KIND_PAGEVIEW: i64 = 0;
 const KIND_EVENT: i64 = 1;
 
-/// `source` of imported daily aggregates in `counters` (Plausible, `tally-csv`): added to the
-/// web numbers when read, never recounted (they have no raw events), like bases.
-pub(super) const IMPORTED_SOURCE: i64 = 2;
+use crate::store::IMPORTED_SOURCE;
 
 /// The first day of day numbers.
 const EPOCH: Date = jiff::civil::date(1970, 1, 1);
