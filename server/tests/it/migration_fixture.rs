@@ -23,14 +23,26 @@ fn fixture(version: i64) -> PathBuf {
 
 /// What each schema version after the first fixture's added: dropping those of versions
 /// above N turns a current file into the file version N's code wrote.
-const ADDED_AFTER: [(i64, &str); 3] = [
+const ADDED_AFTER: [(i64, &str); 4] = [
     (2, "DROP TABLE import_ledger;"),
     (3, "DROP TABLE filtered;"),
     (4, "DROP TABLE set_journal;"),
+    // v6 keyed `counters` day first; versions 2–5 keyed it scope first.
+    (
+        5,
+        "CREATE TABLE counters_v5 (
+             scope INTEGER NOT NULL, source INTEGER NOT NULL, day INTEGER NOT NULL,
+             views INTEGER NOT NULL, visitors INTEGER NOT NULL,
+             PRIMARY KEY (scope, source, day)
+         ) WITHOUT ROWID;
+         INSERT INTO counters_v5 SELECT scope, source, day, views, visitors FROM counters;
+         DROP TABLE counters;
+         ALTER TABLE counters_v5 RENAME TO counters;",
+    ),
 ];
 
 /// The fixtures committed (and checked), by schema version.
-const FIXTURES: [i64; 3] = [2, 3, 4];
+const FIXTURES: [i64; 4] = [2, 3, 4, 5];
 
 fn options() -> StoreOptions {
     StoreOptions {
@@ -148,6 +160,11 @@ async fn the_v4_fixture_opens_and_keeps_its_numbers() {
     opens_and_keeps_its_numbers(4).await;
 }
 
+#[tokio::test]
+async fn the_v5_fixture_opens_and_keeps_its_numbers() {
+    opens_and_keeps_its_numbers(5).await;
+}
+
 async fn opens_and_keeps_its_numbers(fixture_version: i64) {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("tally.sqlite");
@@ -159,6 +176,19 @@ async fn opens_and_keeps_its_numbers(fixture_version: i64) {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("version");
     assert_eq!(version, fixture_version, "the copy is the unmigrated file");
+    let counters: String = rusqlite::Connection::open(&path)
+        .expect("migrated file")
+        .query_row(
+            "SELECT group_concat(sql, ';') FROM sqlite_schema WHERE tbl_name = 'counters'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("counters");
+    assert!(
+        counters.contains("PRIMARY KEY (day, scope, source)")
+            && counters.contains("counters_scope ON counters (scope, source, day)"),
+        "counters keyed day first (v6): {counters}"
+    );
     let page = PagePath::parse("/a").expect("page");
     let counts = store
         .counts(&site(), &page, date(2026, 3, 1))
