@@ -64,6 +64,25 @@ pub struct Table {
 
 use Col::{Bool, Bytes, I16, I32, I64, Text, Uuid};
 
+/// `v`: the per-day visitor-set rows, those still in the journal included (one text for the
+/// rows and their count, so the two cannot drift apart).
+macro_rules! day_rows {
+    () => {
+        "WITH v AS (SELECT day, scope, source, visitor FROM visits \
+           UNION SELECT day, scope, source, visitor FROM set_journal WHERE day >= 0) "
+    };
+}
+
+/// `r`: the all-time visitor-set rows of pages (journal included); `whole`: each site's
+/// whole-site scope.
+macro_rules! all_time_rows {
+    () => {
+        "WITH r AS (SELECT site, source, visitor, page FROM reach \
+           UNION SELECT site, source, visitor, scope FROM set_journal WHERE day = -1), \
+         whole AS (SELECT site, id FROM pages WHERE path = '') "
+    };
+}
+
 /// Every table, parents first.
 pub const TABLES: &[Table] = &[
     Table {
@@ -106,32 +125,30 @@ pub const TABLES: &[Table] = &[
     Table {
         pg: "visits (site, day, scope, source, visitor)",
         cols: &[I64, I32, I64, I16, Bytes],
-        select: "SELECT p.site, v.day, v.scope, v.source, v.visitor FROM \
-                 (SELECT day, scope, source, visitor FROM visits \
-                  UNION SELECT day, scope, source, visitor FROM set_journal WHERE day >= 0) v \
-                 JOIN pages p ON p.id = v.scope",
-        expect: "SELECT count(*) FROM (SELECT day, scope, source, visitor FROM visits \
-                 UNION SELECT day, scope, source, visitor FROM set_journal WHERE day >= 0)",
+        select: concat!(
+            day_rows!(),
+            "SELECT p.site, v.day, v.scope, v.source, v.visitor FROM v \
+             JOIN pages p ON p.id = v.scope"
+        ),
+        expect: concat!(day_rows!(), "SELECT count(*) FROM v"),
     },
     Table {
         // The pages' all-time sets, then each site's own (its whole-site scope, page ''). A
         // whole-site row SQLite already holds (left by the v1 migration) is in the second part.
         pg: "reach (site, source, visitor, page)",
         cols: &[I64, I16, Bytes, I64],
-        select: "WITH r AS (SELECT site, source, visitor, page FROM reach \
-                   UNION SELECT site, source, visitor, scope FROM set_journal WHERE day = -1), \
-                 whole AS (SELECT site, id FROM pages WHERE path = '') \
-                 SELECT site, source, visitor, page FROM r \
-                   WHERE page NOT IN (SELECT id FROM whole) \
-                 UNION ALL \
-                 SELECT s.site, s.source, s.visitor, w.id FROM \
-                   (SELECT DISTINCT site, source, visitor FROM r) s \
-                   JOIN whole w ON w.site = s.site",
-        expect: "WITH r AS (SELECT site, source, visitor, page FROM reach \
-                   UNION SELECT site, source, visitor, scope FROM set_journal WHERE day = -1) \
-                 SELECT (SELECT count(*) FROM r \
-                         WHERE page NOT IN (SELECT id FROM pages WHERE path = '')) \
-                   + (SELECT count(*) FROM (SELECT DISTINCT site, source, visitor FROM r))",
+        select: concat!(
+            all_time_rows!(),
+            "SELECT site, source, visitor, page FROM r WHERE page NOT IN (SELECT id FROM whole) \
+             UNION ALL \
+             SELECT s.site, s.source, s.visitor, w.id FROM \
+               (SELECT DISTINCT site, source, visitor FROM r) s JOIN whole w ON w.site = s.site"
+        ),
+        expect: concat!(
+            all_time_rows!(),
+            "SELECT (SELECT count(*) FROM r WHERE page NOT IN (SELECT id FROM whole)) \
+               + (SELECT count(*) FROM (SELECT DISTINCT site, source, visitor FROM r))"
+        ),
     },
     Table {
         pg: "counters (site, scope, source, day, views, visitors)",

@@ -23,6 +23,11 @@ struct Cell<'a>(&'a Value, Col);
 
 type BoxError = Box<dyn std::error::Error + Sync + Send>;
 
+/// A function, not a closure: it stays general over lifetimes inside the `Send` future.
+fn cell<'a>((value, col): (&'a Value, &Col)) -> Cell<'a> {
+    Cell(value, *col)
+}
+
 impl ToSql for Cell<'_> {
     fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
         match (self.1, self.0) {
@@ -125,6 +130,7 @@ impl PgStore {
                     return Err(stopped_early());
                 }
                 for row in &chunk.rows {
+                    // Also what keeps `write_raw` (which panics on a wrong count) safe.
                     if row.len() != table.cols.len() {
                         return Err(refused(format!(
                             "{}: SQLite gave {} columns, {} expected",
@@ -133,14 +139,8 @@ impl PgStore {
                             table.cols.len()
                         )));
                     }
-                    let cells: Vec<Cell<'_>> = row
-                        .iter()
-                        .zip(table.cols)
-                        .map(|(v, c)| Cell(v, *c))
-                        .collect();
-                    let refs: Vec<&(dyn ToSql + Sync)> =
-                        cells.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-                    writer.as_mut().write(&refs).await?;
+                    let cells = row.iter().zip(table.cols).map(cell);
+                    writer.as_mut().write_raw(cells).await?;
                 }
                 let end = chunk.end;
                 next = chunks.recv().await;

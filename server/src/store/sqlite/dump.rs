@@ -16,13 +16,6 @@ pub struct Dump {
     conn: Connection,
 }
 
-impl SqliteStore {
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
 impl Dump {
     /// Take the write lock of the database at `path` (opened by a [`SqliteStore`] first, so
     /// its schema is current) on a connection of its own, for a copy of every table.
@@ -36,26 +29,7 @@ impl Dump {
         conn.execute_batch("BEGIN IMMEDIATE")?;
         Ok(Dump { conn })
     }
-}
 
-impl Drop for Dump {
-    fn drop(&mut self) {
-        let _ = self.conn.execute_batch("ROLLBACK");
-    }
-}
-
-fn value(v: ValueRef<'_>) -> Value {
-    match v {
-        ValueRef::Null => Value::Null,
-        ValueRef::Integer(i) => Value::Int(i),
-        // No copied column is a float; kept exact if one ever is.
-        ValueRef::Real(f) => Value::Text(f.to_string()),
-        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
-        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
-    }
-}
-
-impl Dump {
     /// Send every table of [`TABLES`] to `out`, each followed by its end and expected count.
     /// Returns the rows of the import ledger (not copied), or `None` when `out` was closed
     /// (the loader stopped: its error says why).
@@ -102,5 +76,22 @@ impl Dump {
             }
         }
         Ok(Some(u64::try_from(ledger).unwrap_or(0)))
+    }
+}
+
+impl Drop for Dump {
+    fn drop(&mut self) {
+        let _ = self.conn.execute_batch("ROLLBACK");
+    }
+}
+
+fn value(v: ValueRef<'_>) -> Value {
+    match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Int(i),
+        // No copied column is a float; kept exact if one ever is.
+        ValueRef::Real(f) => Value::Text(f.to_string()),
+        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
     }
 }

@@ -267,6 +267,11 @@ fn open_reader(path: &Path) -> Result<Connection, StoreError> {
 }
 
 impl SqliteStore {
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Open (creating or migrating if needed) the database file at `path`.
     pub fn open(path: &Path, options: StoreOptions) -> Result<Self, StoreError> {
         guard::check_side_files(path)?;
