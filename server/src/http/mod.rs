@@ -321,7 +321,7 @@ pub fn app(state: AppState) -> Router {
             header::X_CONTENT_TYPE_OPTIONS,
             HeaderValue::from_static("nosniff"),
         ))
-        .layer(compress::layer())
+        .layer(axum::middleware::from_fn(compress::compress))
         .with_state(state)
 }
 
