@@ -135,9 +135,21 @@ pub struct ServeArgs {
     /// Seconds a connection may stay idle between requests before it is closed.
     #[arg(long, env = "TALLY_IDLE_TIMEOUT_SECS")]
     pub idle_timeout_secs: Option<u64>,
+    /// Seconds an answer may take from its request's headers until it is handed to the
+    /// socket, and a write may wait for a client that does not read; then the connection closes.
+    #[arg(long, env = "TALLY_ANSWER_TIMEOUT_SECS")]
+    pub answer_timeout_secs: Option<u64>,
     /// Connections served at once; past it, new ones are answered 503 and closed.
     #[arg(long, env = "TALLY_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Connections one client address (IPv4, or IPv6 /64) may hold at once; trusted proxies
+    /// are exempt. Past it, new ones are answered 503 and closed.
+    #[arg(long, env = "TALLY_MAX_CONNECTIONS_PER_ADDRESS")]
+    pub max_connections_per_address: Option<usize>,
+    /// Requests (HTTP/2 streams included) one client address may have open at once; more are
+    /// answered 503. Trusted proxies are exempt.
+    #[arg(long, env = "TALLY_MAX_REQUESTS_PER_ADDRESS")]
+    pub max_requests_per_address: Option<usize>,
     /// Seconds shutdown waits for requests in flight before closing every connection.
     #[arg(long, env = "TALLY_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -592,7 +604,14 @@ impl ServeConfig {
                 header_timeout_secs: args.header_timeout_secs.or(f.header_timeout_secs),
                 body_timeout_secs: args.body_timeout_secs.or(f.body_timeout_secs),
                 idle_timeout_secs: args.idle_timeout_secs.or(f.idle_timeout_secs),
+                answer_timeout_secs: args.answer_timeout_secs.or(f.answer_timeout_secs),
                 max_connections: args.max_connections.or(f.max_connections),
+                max_connections_per_address: args
+                    .max_connections_per_address
+                    .or(f.max_connections_per_address),
+                max_requests_per_address: args
+                    .max_requests_per_address
+                    .or(f.max_requests_per_address),
                 shutdown_grace_secs: args.shutdown_grace_secs.or(f.shutdown_grace_secs),
             })?,
         })
@@ -623,7 +642,10 @@ struct ServerFlags {
     header_timeout_secs: Option<u64>,
     body_timeout_secs: Option<u64>,
     idle_timeout_secs: Option<u64>,
+    answer_timeout_secs: Option<u64>,
     max_connections: Option<usize>,
+    max_connections_per_address: Option<usize>,
+    max_requests_per_address: Option<usize>,
     shutdown_grace_secs: Option<u64>,
 }
 
@@ -636,13 +658,9 @@ fn server_config(flags: ServerFlags) -> Result<ServerConfig, ConfigError> {
         Some(s) => Ok(Duration::from_secs(s)),
         None => Ok(default),
     };
-    let max_connections = match flags.max_connections {
-        Some(0) => {
-            return Err(ConfigError::Zero {
-                name: "max-connections",
-            });
-        }
-        given => given.unwrap_or(defaults.max_connections),
+    let count = |name, given: Option<usize>, default: usize| match given {
+        Some(0) => Err(ConfigError::Zero { name }),
+        given => Ok(given.unwrap_or(default)),
     };
     Ok(ServerConfig {
         header_timeout: secs(
@@ -660,7 +678,26 @@ fn server_config(flags: ServerFlags) -> Result<ServerConfig, ConfigError> {
             flags.idle_timeout_secs,
             defaults.idle_timeout,
         )?,
-        max_connections,
+        answer_timeout: secs(
+            "answer-timeout-secs",
+            flags.answer_timeout_secs,
+            defaults.answer_timeout,
+        )?,
+        max_connections: count(
+            "max-connections",
+            flags.max_connections,
+            defaults.max_connections,
+        )?,
+        max_connections_per_address: count(
+            "max-connections-per-address",
+            flags.max_connections_per_address,
+            defaults.max_connections_per_address,
+        )?,
+        max_requests_per_address: count(
+            "max-requests-per-address",
+            flags.max_requests_per_address,
+            defaults.max_requests_per_address,
+        )?,
         shutdown_grace: secs(
             "shutdown-grace-secs",
             flags.shutdown_grace_secs,

@@ -100,6 +100,7 @@ pub async fn run(
         stop_rx,
     ));
     let server = config.server;
+    let proxies = config.trusted_proxies.clone();
     let shared = match &config.redis {
         Some(url) => {
             // The URL may hold a password: the error never repeats it.
@@ -141,7 +142,15 @@ pub async fn run(
     ));
     // Serves until `shutdown`, then within the grace period; handlers get the peer address as
     // `ConnectInfo<SocketAddr>` from the server loop.
-    serve::serve(listener, http::app(state), server, metrics, shutdown).await;
+    serve::serve(
+        listener,
+        http::app(state),
+        server,
+        proxies,
+        metrics,
+        shutdown,
+    )
+    .await;
     // The router (and with it every queue sender) is dropped now: the writer drains and stops.
     let _ = stop_tx.send(true);
     let _ = pruner.await;

@@ -61,7 +61,8 @@ pub struct Metrics {
     /// HTTP connections being served now (refused ones not included).
     pub connections_open: Gauge,
     /// Connections answered 503 `too_many_connections` at the connection cap.
-    pub connections_refused: Counter,
+    pub connections_refused: Family<ReasonLabel, Counter>,
+    pub requests_refused: Counter,
     /// Connections the server closed on a limit, by reason (`idle_timeout`, `header_timeout`,
     /// `body_timeout`, `shutdown_grace`).
     pub connections_cut: Family<ReasonLabel, Counter>,
@@ -202,11 +203,17 @@ impl Metrics {
             "HTTP connections being served",
             connections_open.clone(),
         );
-        let connections_refused = Counter::default();
+        let connections_refused = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "connections_refused",
-            "Connections refused with 503 at the connection cap",
+            "Connections refused with 503: at the connection cap (reason cap) or past their address's share (address_share)",
             connections_refused.clone(),
+        );
+        let requests_refused = Counter::default();
+        registry.register(
+            "requests_refused",
+            "Requests answered 503 because their address held its whole share of open requests",
+            requests_refused.clone(),
         );
         let filtered_untallied = Counter::default();
         registry.register(
@@ -220,6 +227,9 @@ impl Metrics {
             "Connections closed by the server on a timeout or at the end of the shutdown grace",
             connections_cut.clone(),
         );
+        for reason in ["cap", "address_share"] {
+            drop(connections_refused.get_or_create(&ReasonLabel { reason }));
+        }
         for status in HIT_STATUSES {
             drop(hits.get_or_create(&StatusLabel { status }));
         }
@@ -248,6 +258,7 @@ impl Metrics {
             batch_records,
             connections_open,
             connections_refused,
+            requests_refused,
             connections_cut,
             filtered_untallied,
         }

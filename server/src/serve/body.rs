@@ -4,7 +4,8 @@
 //! once the deadline passes with the body unfinished, every read fails with [`BodyTimeout`]
 //! and the service replaces the handler's answer by [`request_timeout`] (408, and
 //! `Connection: close` over HTTP/1). An answer's body holds its request open (the connection's
-//! idle clock stops) until hyper has sent or dropped it.
+//! idle clock stops, its answer clock runs) and its address's request share until hyper has
+//! sent or dropped it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,6 +23,7 @@ use tally_wire::ErrorBody;
 use tokio::time::{Instant, Sleep};
 
 use super::conn::RequestGuard;
+use super::share::RequestShare;
 
 /// The 408 that replaces whatever the handler made of a body that did not arrive in time.
 pub(crate) fn request_timeout(version: Version, after: Duration) -> Response<Body> {
@@ -37,6 +39,23 @@ pub(crate) fn request_timeout(version: Version, after: Duration) -> Response<Bod
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if version <= Version::HTTP_11 {
         // The rest of the body may still be on its way: this connection cannot be reused.
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// The 503 for a request past its address's share of open requests (see [`super::share`]).
+/// Its body, if any, is not read: over HTTP/1 the connection closes after the answer.
+pub(crate) fn too_many_requests(version: Version) -> Response<Body> {
+    let body = ErrorBody {
+        error: "too_many_requests".to_owned(),
+        message: "too many requests open from your address; retry shortly".to_owned(),
+    };
+    let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    if version <= Version::HTTP_11 {
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
@@ -105,15 +124,21 @@ impl HttpBody for TimedBody {
     }
 }
 
-/// An answer's body, holding its request open until hyper has sent it (or dropped it).
+/// An answer's body, holding its request open (and its place in its address's share) until
+/// hyper has sent it or dropped it.
 pub(crate) struct Answer {
     body: Body,
     _open: RequestGuard,
+    _share: Option<RequestShare>,
 }
 
 impl Answer {
-    pub fn new(body: Body, open: RequestGuard) -> Self {
-        Self { body, _open: open }
+    pub fn new(body: Body, open: RequestGuard, share: Option<RequestShare>) -> Self {
+        Self {
+            body,
+            _open: open,
+            _share: share,
+        }
     }
 }
 

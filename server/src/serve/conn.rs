@@ -14,6 +14,7 @@
 //! - On shutdown, hyper's graceful shutdown runs (HTTP/1 closes once idle, HTTP/2 sends GOAWAY)
 //!   while requests in flight finish; the server drops what is left after the grace period.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -38,7 +39,8 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::ServerConfig;
-use super::body::{Answer, TimedBody, request_timeout};
+use super::body::{Answer, TimedBody, request_timeout, too_many_requests};
+use super::share::ConnectionShare;
 use crate::metrics::{Metrics, ReasonLabel};
 
 /// What every connection of one server shares.
@@ -54,8 +56,11 @@ pub(crate) struct Shared {
 /// Where a connection stands between requests.
 #[derive(Debug)]
 struct Phase {
-    /// Requests whose answer has not been fully handed to the socket yet.
-    open: usize,
+    /// When each request whose answer has not been fully handed to the socket yet began (its
+    /// head), with how many began at that instant.
+    open: BTreeMap<Instant, usize>,
+    /// Since when a write to the socket has been waiting for the client to read.
+    blocked_since: Option<Instant>,
     /// When the connection's last answer was sent (its accept, until then).
     quiet_since: Instant,
     /// When the head of the next request started: its first byte, or the accept for a new
@@ -71,6 +76,11 @@ pub(crate) enum Expiry {
     /// A request head not complete `header_timeout` after its first byte (or after the
     /// accept, for a new connection).
     Header,
+    /// An answer not handed to the socket `answer_timeout` after its request's head (a slow
+    /// handler, or an HTTP/2 stream whose window the client keeps shut).
+    Answer,
+    /// A write waiting `answer_timeout` for a client that does not read.
+    Stalled,
 }
 
 impl Expiry {
@@ -79,6 +89,8 @@ impl Expiry {
         match self {
             Expiry::Idle => "idle_timeout",
             Expiry::Header => "header_timeout",
+            Expiry::Answer => "answer_timeout",
+            Expiry::Stalled => "write_stalled",
         }
     }
 }
@@ -86,10 +98,11 @@ impl Expiry {
 /// The phase clock of one connection, shared by its I/O, its requests and its watchdog.
 ///
 /// Nothing here wakes the watchdog: every deadline a change can set lies at least the
-/// smaller of the two timeouts after that change (a head's first byte starts the header
-/// clock, the last answer the idle clock), so a watchdog that looks again no later than that
-/// long after each look never misses one (see [`serve_connection`]). A request costs no task
-/// wake-up and no timer reset for its clock.
+/// smallest of the three timeouts after that change (a head's first byte starts the header
+/// clock, the last answer the idle clock, a request's head or a blocked write the answer
+/// clock), so a watchdog that looks again no later than that long after each look never
+/// misses one (see [`serve_connection`]). A request costs no task wake-up and no timer reset
+/// for its clock.
 pub(crate) struct Activity {
     phase: Mutex<Phase>,
 }
@@ -99,7 +112,8 @@ impl Activity {
     pub fn new(now: Instant) -> Self {
         Self {
             phase: Mutex::new(Phase {
-                open: 0,
+                open: BTreeMap::new(),
+                blocked_since: None,
                 quiet_since: now,
                 head_since: Some(now),
             }),
@@ -114,47 +128,68 @@ impl Activity {
     /// Bytes were read from the socket.
     pub fn bytes_arrived(&self) {
         let mut phase = self.phase();
-        if phase.open == 0 && phase.head_since.is_none() {
+        if phase.open.is_empty() && phase.head_since.is_none() {
             phase.head_since = Some(Instant::now());
         }
     }
 
-    /// A request head was parsed; the guard ends the request when its answer is sent or dropped.
-    pub fn request_started(self: &Arc<Self>) -> RequestGuard {
+    /// A request head was parsed at `now`; the guard ends the request when its answer is sent
+    /// or dropped.
+    pub fn request_started(self: &Arc<Self>, now: Instant) -> RequestGuard {
         let mut phase = self.phase();
-        phase.open += 1;
+        *phase.open.entry(now).or_default() += 1;
         phase.head_since = None;
-        RequestGuard(Arc::clone(self))
+        RequestGuard {
+            activity: Arc::clone(self),
+            started: now,
+        }
     }
 
-    fn request_finished(&self) {
+    fn request_finished(&self, started: Instant) {
         let mut phase = self.phase();
-        phase.open = phase.open.saturating_sub(1);
-        if phase.open == 0 {
+        if let Some(n) = phase.open.get_mut(&started) {
+            *n -= 1;
+            if *n == 0 {
+                phase.open.remove(&started);
+            }
+        }
+        if phase.open.is_empty() {
             phase.quiet_since = Instant::now();
             phase.head_since = None;
         }
     }
 
-    /// When the connection expires if nothing changes, and why; `None` while a request is open.
-    pub fn deadline(&self, config: &ServerConfig) -> Option<(Instant, Expiry)> {
+    /// A write to the socket could not proceed (`true`) or went through again (`false`).
+    fn write_blocked(&self, blocked: bool) {
+        self.phase().blocked_since = blocked.then(Instant::now);
+    }
+
+    /// When the connection expires if nothing changes, and why.
+    pub fn deadline(&self, config: &ServerConfig) -> (Instant, Expiry) {
         let phase = self.phase();
-        if phase.open > 0 {
-            return None;
+        let phase_deadline = match (phase.open.keys().next(), phase.head_since) {
+            (Some(oldest), _) => (*oldest + config.answer_timeout, Expiry::Answer),
+            (None, Some(head)) => (head + config.header_timeout, Expiry::Header),
+            (None, None) => (phase.quiet_since + config.idle_timeout, Expiry::Idle),
+        };
+        match phase.blocked_since {
+            Some(since) if since + config.answer_timeout < phase_deadline.0 => {
+                (since + config.answer_timeout, Expiry::Stalled)
+            }
+            _ => phase_deadline,
         }
-        Some(match phase.head_since {
-            Some(head) => (head + config.header_timeout, Expiry::Header),
-            None => (phase.quiet_since + config.idle_timeout, Expiry::Idle),
-        })
     }
 }
 
 /// An open request; dropping it (answer sent, or the connection gone) ends the request.
-pub(crate) struct RequestGuard(Arc<Activity>);
+pub(crate) struct RequestGuard {
+    activity: Arc<Activity>,
+    started: Instant,
+}
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.0.request_finished();
+        self.activity.request_finished(self.started);
     }
 }
 
@@ -162,6 +197,7 @@ impl Drop for RequestGuard {
 pub(crate) async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
+    share: ConnectionShare,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -169,10 +205,12 @@ pub(crate) async fn serve_connection(
     let io = TokioIo::new(Watched {
         stream,
         activity: Arc::clone(&activity),
+        blocked: false,
     });
     let service = ConnService {
         router: shared.router.clone(),
         peer,
+        share: Arc::new(share),
         activity: Arc::clone(&activity),
         body_timeout: shared.config.body_timeout,
         metrics: Arc::clone(&shared.metrics),
@@ -181,16 +219,18 @@ pub(crate) async fn serve_connection(
     tokio::pin!(conn);
     // The watchdog looks at the phase no later than `recheck` after its last look: no change
     // made since can have set a deadline earlier than that (see [`Activity`]).
-    let recheck = shared.config.header_timeout.min(shared.config.idle_timeout);
+    let config = &shared.config;
+    let recheck = config
+        .header_timeout
+        .min(config.idle_timeout)
+        .min(config.answer_timeout);
     let watchdog = tokio::time::sleep(recheck);
     tokio::pin!(watchdog);
     let mut stopping = false;
     loop {
         let now = Instant::now();
-        let deadline = activity.deadline(&shared.config);
-        if let Some((at, why)) = deadline
-            && at <= now
-        {
+        let (at, why) = activity.deadline(config);
+        if at <= now {
             tracing::debug!(reason = why.reason(), "closing connection");
             shared
                 .metrics
@@ -201,10 +241,7 @@ pub(crate) async fn serve_connection(
                 .inc();
             return;
         }
-        let look_again = now + recheck;
-        watchdog
-            .as_mut()
-            .reset(deadline.map_or(look_again, |(at, _)| at.min(look_again)));
+        watchdog.as_mut().reset(at.min(now + recheck));
         tokio::select! {
             served = conn.as_mut() => {
                 if let Err(e) = served {
@@ -221,10 +258,24 @@ pub(crate) async fn serve_connection(
     }
 }
 
-/// The socket, telling the phase clock when bytes arrive.
+/// The socket, telling the phase clock when bytes arrive and when writes wait on the client.
 struct Watched {
     stream: TcpStream,
     activity: Arc<Activity>,
+    /// The last write could not proceed (only changes reach the shared clock).
+    blocked: bool,
+}
+
+impl Watched {
+    /// Note whether a write went through.
+    fn wrote<T>(&mut self, polled: Poll<T>) -> Poll<T> {
+        let blocked = polled.is_pending();
+        if blocked != self.blocked {
+            self.blocked = blocked;
+            self.activity.write_blocked(blocked);
+        }
+        polled
+    }
 }
 
 impl AsyncRead for Watched {
@@ -248,7 +299,8 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.wrote(polled)
     }
 
     fn poll_write_vectored(
@@ -256,7 +308,8 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -264,7 +317,8 @@ impl AsyncWrite for Watched {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let polled = Pin::new(&mut self.stream).poll_flush(cx);
+        self.wrote(polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -272,11 +326,13 @@ impl AsyncWrite for Watched {
     }
 }
 
-/// The per-connection service: the peer address, the body deadline, the open-request guard.
+/// The per-connection service: the peer address, its share, the body deadline, the
+/// open-request guard.
 #[derive(Clone)]
 struct ConnService {
     router: Router,
     peer: SocketAddr,
+    share: Arc<ConnectionShare>,
     activity: Arc<Activity>,
     body_timeout: Duration,
     metrics: Arc<Metrics>,
@@ -288,12 +344,20 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<Answer>, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let guard = self.activity.request_started();
+        let now = Instant::now();
+        let guard = self.activity.request_started(now);
         let version = request.version();
+        let Some(slot) = self.share.request() else {
+            // The address holds its whole share of open requests: answered at once, without
+            // reading the body or reaching the application.
+            self.metrics.requests_refused.inc();
+            let response = too_many_requests(version);
+            return Box::pin(async move { Ok(response.map(|b| Answer::new(b, guard, None))) });
+        };
         let timed_out = Arc::new(AtomicBool::new(false));
         let (mut parts, body) = request.into_parts();
         parts.extensions.insert(ConnectInfo(self.peer));
-        let deadline = Instant::now() + self.body_timeout;
+        let deadline = now + self.body_timeout;
         let body = TimedBody::new(body, deadline, Arc::clone(&timed_out));
         let request = Request::from_parts(parts, Body::new(body));
         let router = self.router.clone();
@@ -315,7 +379,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
             } else {
                 response
             };
-            Ok(response.map(|body| Answer::new(body, guard)))
+            Ok(response.map(|body| Answer::new(body, guard, Some(slot))))
         })
     }
 }
@@ -339,7 +403,13 @@ mod tests {
         tokio::spawn(async move {
             let (stream, peer) = listener.accept().await.expect("accept");
             let (_stop_tx, stop) = watch::channel(false);
-            serve_connection(stream, peer, shared, stop).await;
+            let shares = Arc::new(super::super::share::Shares::new(
+                1,
+                8,
+                crate::core::forwarded::TrustedProxies::none(),
+            ));
+            let share = shares.connect(peer.ip()).expect("a share");
+            serve_connection(stream, peer, share, shared, stop).await;
         });
         TcpStream::connect(addr).await.expect("connect")
     }
@@ -418,7 +488,7 @@ mod tests {
         let config = config();
         let start = Instant::now();
         let activity = Arc::new(Activity::new(start));
-        let first_head = Some((start + config.header_timeout, Expiry::Header));
+        let first_head = (start + config.header_timeout, Expiry::Header);
         assert_eq!(
             activity.deadline(&config),
             first_head,
@@ -431,22 +501,31 @@ mod tests {
             first_head,
             "bytes do not extend it"
         );
-        let request = activity.request_started();
-        let second = activity.request_started();
+        let first = Instant::now();
+        let request = activity.request_started(first);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let second = activity.request_started(Instant::now());
         assert_eq!(
             activity.deadline(&config),
-            None,
-            "no deadline while answering"
+            (first + config.answer_timeout, Expiry::Answer),
+            "while answering, the oldest open request's answer clock runs"
         );
         activity.bytes_arrived();
         drop(request);
-        assert_eq!(activity.deadline(&config), None, "one request still open");
-        tokio::time::advance(Duration::from_secs(100)).await;
-        drop(second);
-        let quiet = start + Duration::from_secs(105);
         assert_eq!(
             activity.deadline(&config),
-            Some((quiet + config.idle_timeout, Expiry::Idle)),
+            (
+                first + Duration::from_secs(1) + config.answer_timeout,
+                Expiry::Answer
+            ),
+            "then the next oldest"
+        );
+        tokio::time::advance(Duration::from_secs(40)).await;
+        drop(second);
+        let quiet = start + Duration::from_secs(46);
+        assert_eq!(
+            activity.deadline(&config),
+            (quiet + config.idle_timeout, Expiry::Idle),
             "the idle clock starts when the last answer is sent"
         );
         tokio::time::advance(Duration::from_secs(30)).await;
@@ -454,15 +533,38 @@ mod tests {
         let head = quiet + Duration::from_secs(30);
         assert_eq!(
             activity.deadline(&config),
-            Some((head + config.header_timeout, Expiry::Header)),
+            (head + config.header_timeout, Expiry::Header),
             "the first byte of the next head starts the header clock"
         );
         tokio::time::advance(Duration::from_secs(3)).await;
         activity.bytes_arrived();
         assert_eq!(
             activity.deadline(&config),
-            Some((head + config.header_timeout, Expiry::Header)),
+            (head + config.header_timeout, Expiry::Header),
             "later bytes of the head do not extend it"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_waits_on_the_client_runs_its_own_clock() {
+        let config = config();
+        let start = Instant::now();
+        let activity = Arc::new(Activity::new(start));
+        let guard = activity.request_started(start);
+        drop(guard);
+        // The answer sits in the socket's buffer; the client reads nothing.
+        activity.write_blocked(true);
+        assert_eq!(
+            activity.deadline(&config),
+            (start + config.answer_timeout, Expiry::Stalled),
+            "a blocked write ends the connection before its idle time would"
+        );
+        tokio::time::advance(Duration::from_secs(20)).await;
+        activity.write_blocked(false);
+        assert_eq!(
+            activity.deadline(&config),
+            (start + config.idle_timeout, Expiry::Idle),
+            "a write that went through stops the clock"
         );
     }
 }

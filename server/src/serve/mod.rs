@@ -4,19 +4,27 @@
 //!
 //! Contract:
 //! - At most `max_connections` connections are served at once (lowered to fit the open-file
-//!   limit, which is first raised to its hard maximum). Past the cap a connection is still
-//!   accepted and answered `503` with `Retry-After: 1`, `Connection: close` and
-//!   `{"error":"too_many_connections",…}`, then closed: clients and proxies see a clear,
-//!   retryable refusal instead of a hanging connect. At most [`REFUSAL_SLOTS`] refusals wait
-//!   for the client's request and close cleanly; beyond that the answer is written without
-//!   waiting and the socket closed at once.
+//!   limit, which is first raised to its hard maximum), and at most
+//!   `max_connections_per_address` from one client network (see [`share`]; trusted proxies
+//!   are exempt). Past either a connection is still accepted and answered `503` with
+//!   `Retry-After: 1`, `Connection: close` and `{"error":"too_many_connections",…}`, then
+//!   closed: clients and proxies see a clear, retryable refusal instead of a hanging connect.
+//!   At most [`REFUSAL_SLOTS`] refusals wait for the client's request and close cleanly;
+//!   beyond that the answer is written without waiting and the socket closed at once (a
+//!   client that sends its request after that close may see a reset instead of the answer).
+//! - Open requests (HTTP/1 requests, HTTP/2 streams) are bounded per connection
+//!   ([`MAX_CONCURRENT_STREAMS`]) and per client network (`max_requests_per_address`; past it
+//!   `503 too_many_requests` without reaching the application).
 //! - The accept backlog is raised (see [`os`]) so a burst of connects is queued, not dropped.
 //! - Accept errors never spin the loop: errors of one connection are skipped, resource errors
 //!   (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) pause accepting for [`ACCEPT_BACKOFF`], and
 //!   they are logged at most once per [`ACCEPT_LOG_INTERVAL`] with a count.
 //! - Request heads are bounded by [`MAX_HEADER_BYTES`] (HTTP/1: 431 from hyper, before any
 //!   handler; HTTP/2: the advertised header list size).
-//! - Timeouts per connection: see [`conn`] (heads, idle) and [`body`] (bodies, 408).
+//! - Timeouts per connection: see [`conn`] (heads, idle, answers, stalled writes) and
+//!   [`body`] (bodies, 408). Every connection ends within the largest of `header_timeout`,
+//!   `idle_timeout` and `answer_timeout` after it last made progress that the server counts:
+//!   a finished answer, or the first byte of a new head.
 //! - Shutdown: when `shutdown` resolves the listener is closed, every connection starts a
 //!   graceful shutdown, and after `shutdown_grace` whatever is still connected is dropped.
 //!   [`serve`] returns only when every connection task has ended, so the router (and the ingest
@@ -25,6 +33,7 @@
 mod body;
 mod conn;
 pub mod os;
+mod share;
 
 pub use body::BodyTimeout;
 
@@ -43,8 +52,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::core::forwarded::TrustedProxies;
 use crate::metrics::{Metrics, ReasonLabel};
 use conn::Shared;
+use share::Shares;
 
 /// Largest request head in bytes (HTTP/1 read buffer, HTTP/2 header list); a longer HTTP/1
 /// head is answered 431 without reaching a handler.
@@ -59,8 +70,9 @@ pub const REFUSAL_LINGER: Duration = Duration::from_millis(500);
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Accept errors are logged at most once per interval.
 pub const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
-/// HTTP/2 streams one connection may have open at once.
-const MAX_CONCURRENT_STREAMS: u32 = 100;
+/// HTTP/2 streams one connection may have open at once (a browser opens a handful; the
+/// per-address request share bounds the sum over connections).
+pub const MAX_CONCURRENT_STREAMS: u32 = 32;
 
 /// The answer past the connection cap.
 const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
@@ -72,7 +84,17 @@ content-length: 85\r\n\
 \r\n\
 {\"error\":\"too_many_connections\",\"message\":\"too many open connections; retry shortly\"}";
 
-/// Timeouts, cap and grace of the server loop.
+/// The answer past an address's connection share.
+const ADDRESS_REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/json\r\n\
+retry-after: 1\r\n\
+cache-control: no-store\r\n\
+connection: close\r\n\
+content-length: 103\r\n\
+\r\n\
+{\"error\":\"too_many_connections\",\"message\":\"too many open connections from your address; retry shortly\"}";
+
+/// Timeouts, caps and grace of the server loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerConfig {
     /// From the first byte of a request head to its end (slowloris bound).
@@ -81,8 +103,15 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// A connection with no request open and no byte received is closed after this.
     pub idle_timeout: Duration,
+    /// From a request's head to the end of its answer handed to the socket, and the longest a
+    /// write may wait for a client that does not read; the connection is closed past it.
+    pub answer_timeout: Duration,
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections one client network may hold at once.
+    pub max_connections_per_address: usize,
+    /// Requests (HTTP/2 streams included) one client network may have open at once.
+    pub max_requests_per_address: usize,
     /// How long shutdown lets requests in flight finish before dropping every connection.
     pub shutdown_grace: Duration,
 }
@@ -91,13 +120,19 @@ impl Default for ServerConfig {
     /// 10 s for a head (a browser sends it in one packet; a 2G phone within a second or two),
     /// 30 s for a body (hits are at most a few KiB, but mobile uploads stall), 75 s idle (more
     /// than the 60 s upstream keep-alive of nginx and common load balancers, so a proxy never
-    /// reuses a connection this server is closing), 1024 connections, 10 s of shutdown grace.
+    /// reuses a connection this server is closing), 60 s for an answer (a body's 30 s plus
+    /// the slowest read twice over), 1024 connections, 64 of them and 128 open requests per
+    /// client network (a browser opens six connections per host; a large office behind one
+    /// address stays far below), 10 s of shutdown grace.
     fn default() -> Self {
         Self {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(75),
+            answer_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            max_connections_per_address: 64,
+            max_requests_per_address: 128,
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -110,6 +145,7 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     config: ServerConfig,
+    exempt: TrustedProxies,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -135,6 +171,11 @@ pub async fn serve(
             metrics: Arc::clone(&metrics),
         }),
         permits: Arc::new(Semaphore::new(cap)),
+        shares: Arc::new(Shares::new(
+            config.max_connections_per_address,
+            config.max_requests_per_address,
+            exempt,
+        )),
         refusals: Arc::new(Semaphore::new(REFUSAL_SLOTS)),
         stop: stop_rx,
         tasks: JoinSet::new(),
@@ -171,6 +212,8 @@ struct Acceptor {
     shared: Arc<Shared>,
     /// One permit per connection served; `max_connections` (or less, see [`os`]).
     permits: Arc<Semaphore>,
+    /// Each client network's share.
+    shares: Arc<Shares>,
     /// One per refusal that waits for the client (see [`refuse`]).
     refusals: Arc<Semaphore>,
     /// Turns true at shutdown; every connection holds a receiver.
@@ -180,38 +223,50 @@ struct Acceptor {
 }
 
 impl Acceptor {
-    /// Serve an accepted connection, or refuse it past the cap.
+    /// Serve an accepted connection, or refuse it past its address's share or the cap.
     fn admit(&mut self, stream: TcpStream, peer: SocketAddr) {
         // Small answers go out at once instead of waiting for the client's ACK.
         let _ = stream.set_nodelay(true);
-        let metrics = &self.shared.metrics;
-        let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
-            metrics.connections_refused.inc();
-            match Arc::clone(&self.refusals).try_acquire_owned() {
-                // Refusals hold no application state and end within twice REFUSAL_LINGER:
-                // they run detached, even past shutdown.
-                Ok(slot) => {
-                    tokio::spawn(async move {
-                        refuse(stream).await;
-                        drop(slot);
-                    });
-                }
-                // No slot: the answer goes into the empty send buffer at once and the socket
-                // closes; a request the client sends after that meets a reset, but the answer
-                // is already on its side.
-                Err(_) => {
-                    let _ = stream.try_write(REFUSAL);
-                }
-            }
+        let Some(share) = self.shares.connect(peer.ip()) else {
+            self.refuse(stream, "address_share", ADDRESS_REFUSAL);
             return;
         };
-        let open = OpenConnection::new(metrics, permit);
+        let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
+            self.refuse(stream, "cap", REFUSAL);
+            return;
+        };
+        let open = OpenConnection::new(&self.shared.metrics, permit);
         let shared = Arc::clone(&self.shared);
         let stop = self.stop.clone();
         self.tasks.spawn(async move {
-            conn::serve_connection(stream, peer, shared, stop).await;
+            conn::serve_connection(stream, peer, share, shared, stop).await;
             drop(open);
         });
+    }
+
+    /// Answer `stream` with `answer` (a 503) and close it.
+    fn refuse(&self, stream: TcpStream, reason: &'static str, answer: &'static [u8]) {
+        self.shared
+            .metrics
+            .connections_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+        match Arc::clone(&self.refusals).try_acquire_owned() {
+            // Refusals hold no application state and end within twice REFUSAL_LINGER: they
+            // run detached, even past shutdown.
+            Ok(slot) => {
+                tokio::spawn(async move {
+                    refuse(stream, answer).await;
+                    drop(slot);
+                });
+            }
+            // No slot: the answer goes into the empty send buffer at once and the socket
+            // closes; a request the client sends after that meets a reset, but the answer is
+            // already on its side.
+            Err(_) => {
+                let _ = stream.try_write(answer);
+            }
+        }
     }
 }
 
@@ -287,12 +342,12 @@ fn builder() -> Builder<TokioExecutor> {
 
 /// Answer a connection past the cap, then close it without resetting it. Each step is
 /// bounded by [`REFUSAL_LINGER`].
-async fn refuse(mut stream: TcpStream) {
+async fn refuse(mut stream: TcpStream, answer: &[u8]) {
     // The answer follows the request head: an HTTP client that receives an answer before it
     // has sent its request treats it as a broken connection, not as a 503. A silent client
     // gets the answer when the wait ends.
     let _ = tokio::time::timeout(REFUSAL_LINGER, read_head(&mut stream)).await;
-    let written = tokio::time::timeout(REFUSAL_LINGER, stream.write_all(REFUSAL)).await;
+    let written = tokio::time::timeout(REFUSAL_LINGER, stream.write_all(answer)).await;
     if !matches!(written, Ok(Ok(()))) {
         return;
     }
@@ -375,8 +430,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_refusal_is_well_formed_json_with_the_right_length() {
-        let text = std::str::from_utf8(REFUSAL).expect("ascii");
+    fn the_refusals_are_well_formed_json_with_the_right_length() {
+        for refusal in [REFUSAL, ADDRESS_REFUSAL] {
+            refusal_is_well_formed(refusal);
+        }
+    }
+
+    fn refusal_is_well_formed(refusal: &[u8]) {
+        let text = std::str::from_utf8(refusal).expect("ascii");
         let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
         let length: usize = head
             .lines()

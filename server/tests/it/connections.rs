@@ -157,6 +157,9 @@ async fn a_thousand_slow_connections_are_cut_on_time_while_a_normal_client_is_se
             c.server.body_timeout = BODY;
             c.server.idle_timeout = IDLE;
             c.server.max_connections = 2000;
+            // Every client of this test is one address.
+            c.server.max_connections_per_address = 2000;
+            c.server.max_requests_per_address = 2000;
         },
         ..Options::default()
     })
@@ -386,7 +389,7 @@ async fn past_the_cap_a_client_is_refused_clearly_and_served_again_once_connecti
         r.is_ok_and(|r| r.status() == 200)
     })
     .await;
-    assert!(metric(&app, "tally_connections_refused_total").await >= 1.0);
+    assert!(metric(&app, "tally_connections_refused_total{reason=\"cap\"}").await >= 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,6 +518,9 @@ async fn sigterm_finishes_in_flight_requests_and_exits_within_the_grace_period()
             "60",
             "--idle-timeout-secs",
             "60",
+            // Every client of this test is one address.
+            "--max-connections-per-address",
+            "1000",
         ],
     )
     .await;
