@@ -149,7 +149,13 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|_| "info,tower_http=warn".into());
     // No client address in any log at any level: these targets log peer addresses at trace
     // level, so they stay off whatever TALLY_LOG says.
-    for quiet in ["axum::serve=off"] {
+    let mut quiet = vec!["axum::serve=off"];
+    // The HTTP/2 library warns once per misbehaving connection (a rapid-reset attacker makes
+    // dozens a second: a log flood it controls). Its errors only, unless TALLY_LOG names it.
+    if !std::env::var("TALLY_LOG").is_ok_and(|v| v.contains("h2")) {
+        quiet.push("h2=error");
+    }
+    for quiet in quiet {
         if let Ok(directive) = quiet.parse() {
             filter = filter.add_directive(directive);
         }
