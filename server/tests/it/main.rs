@@ -1,6 +1,7 @@
 //! Integration tests: real HTTP over loopback on port 0, a real SQLite file per test.
 
 mod attack;
+mod attack_connections;
 mod bad_input;
 mod badge;
 mod badge_fixtures;
