@@ -6,7 +6,8 @@
 //! and it is exactly the input of `tally import --format tally-csv`, so the daily CSV
 //! round-trips. `--what custom` writes custom-event counts per day (`day,name,count`),
 //! `--what events` the raw events still within retention (no visitor keys: they are
-//! pseudonymous hashes that mean nothing outside the database).
+//! pseudonymous hashes that mean nothing outside the database). CSV cells that a spreadsheet
+//! would run as a formula are written as text (see [`csv_field`]); JSON is written as it is.
 
 use std::io::Write;
 
@@ -33,11 +34,20 @@ pub enum ExportWhat {
     Events,
 }
 
+/// A CSV cell. A text that a spreadsheet would run as a formula (it begins with `=`, `+`,
+/// `-`, `@`, a tab or a carriage return: event names and referrers come from visitors) gets a
+/// leading `'`, which spreadsheets show as text; no number, day or page path of an export
+/// begins with one of those, so the daily CSV still round-trips.
 fn csv_field(s: &str) -> String {
+    let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{s}")
+    } else {
+        s.to_owned()
+    };
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
-        s.to_owned()
+        s
     }
 }
 
@@ -153,4 +163,25 @@ pub fn export(
     };
     rows.end()?;
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv_field;
+
+    #[test]
+    fn formulas_are_written_as_text_and_the_rest_as_it_is() {
+        assert_eq!(
+            csv_field("=HYPERLINK(\"http://x\")"),
+            "\"'=HYPERLINK(\"\"http://x\"\")\""
+        );
+        assert_eq!(csv_field("+1+1"), "'+1+1");
+        assert_eq!(csv_field("@SUM(1)"), "'@SUM(1)");
+        assert_eq!(csv_field("-2"), "'-2");
+        assert_eq!(csv_field("\tx"), "'\tx");
+        assert_eq!(csv_field("signup"), "signup");
+        assert_eq!(csv_field("/posts/a"), "/posts/a");
+        assert_eq!(csv_field("*"), "*");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+    }
 }
