@@ -393,7 +393,12 @@ async fn badge(
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         (
-            [(header::CONTENT_TYPE, "image/svg+xml; charset=utf-8")],
+            [
+                (header::CONTENT_TYPE, "image/svg+xml; charset=utf-8"),
+                // Opened on its own, an SVG is a document: no script, no fetch, no form,
+                // whatever the escaping of labels ever misses.
+                (header::CONTENT_SECURITY_POLICY, SVG_CSP),
+            ],
             svg,
         )
             .into_response()
@@ -405,6 +410,9 @@ async fn badge(
     }
     Ok(response)
 }
+
+/// The policy of an SVG answer (badges, the favicon): inline styles only, sandboxed.
+pub(crate) const SVG_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; sandbox";
 
 /// Headers of every badge answer: never cached, the count status, what was ignored.
 fn finish(h: &mut HeaderMap, status: ViewStatus, ignored: &[&'static str]) {

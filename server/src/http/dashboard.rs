@@ -619,6 +619,7 @@ async fn favicon() -> Response {
         [
             (header::CONTENT_TYPE, "image/svg+xml"),
             (header::CACHE_CONTROL, "public, max-age=86400"),
+            (header::CONTENT_SECURITY_POLICY, super::badge::SVG_CSP),
         ],
         FAVICON_SVG,
     )

@@ -32,6 +32,11 @@ async fn badge_counts_with_proxy_proof_headers_and_suppresses_repeats() {
     assert_eq!(r.status(), 200);
     let h = r.headers().clone();
     assert_eq!(h["content-type"], "image/svg+xml; charset=utf-8");
+    let csp = h["content-security-policy"].to_str().expect("csp");
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("sandbox"),
+        "{csp}"
+    );
     assert_eq!(
         h["cache-control"],
         "no-cache, no-store, must-revalidate, max-age=0"
