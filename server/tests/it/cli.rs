@@ -397,3 +397,46 @@ async fn serve_site_and_verify_on_postgres() {
     let (ok, text) = run(&mut with_db(&["backup", "/nonexistent/x.sqlite"])).await;
     assert!(!ok && text.contains("pg_dump"), "{text}");
 }
+
+/// A PostgreSQL URL whose port accepts connections and never answers: the command fails
+/// within the connect timeout (10 s) and says why, instead of hanging.
+#[tokio::test]
+async fn a_postgres_port_that_never_answers_fails_with_a_clear_message() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("address").port();
+    let started = std::time::Instant::now();
+    let (ok, text) = run(tally()
+        .args([
+            "--db",
+            &format!("postgres://postgres@127.0.0.1:{port}/test"),
+        ])
+        .args(["site", "list"]))
+    .await;
+    let took = started.elapsed();
+    assert!(!ok, "{text}");
+    assert!(text.contains("no connection within 10 s"), "{text}");
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "gave up after {took:?}"
+    );
+    drop(silent);
+}
+
+/// A wrong user is named in the error with the server's words, not "db error".
+#[tokio::test]
+async fn a_wrong_postgres_user_is_reported_in_the_servers_words() {
+    let Some(url) = crate::support::postgres_url() else {
+        return;
+    };
+    let Some(rest) = url.split_once("://").map(|(_, rest)| rest) else {
+        panic!("not a URL: {url}");
+    };
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let wrong = format!("postgres://no_such_tally_user@{host}");
+    let (ok, text) = run(tally().args(["--db", &wrong]).args(["site", "list"])).await;
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("no_such_tally_user") && !text.contains("db error"),
+        "{text}"
+    );
+}

@@ -344,6 +344,19 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The test PostgreSQL (`TALLY_TEST_POSTGRES`), or a loud "SKIPPED" and `None` when unset.
+pub fn postgres_url() -> Option<String> {
+    let url = std::env::var("TALLY_TEST_POSTGRES")
+        .ok()
+        .filter(|u| !u.is_empty());
+    if url.is_none() {
+        eprintln!(
+            "SKIPPED: set TALLY_TEST_POSTGRES (e.g. postgres://postgres@127.0.0.1:5432/test); .ci/run sets it"
+        );
+    }
+    url
+}
+
 pub fn redis_url() -> Option<String> {
     let url = std::env::var("TALLY_TEST_REDIS")
         .ok()

@@ -116,8 +116,26 @@ impl From<tokio_postgres::Error> for Fail {
 
 impl From<deadpool_postgres::PoolError> for Fail {
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        Fail::Store(StoreError::Unavailable(format!("postgres pool: {e}")))
+        use deadpool_postgres::PoolError;
+        Fail::Store(match e {
+            // The server's own words (a wrong user, password or database), not "db error".
+            PoolError::Backend(e) => pg_error(&e),
+            PoolError::Timeout(_) => no_answer(),
+            e => StoreError::Unavailable(format!("postgres pool: {e}")),
+        })
     }
+}
+
+/// How long connecting (TCP, startup and authentication) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A server that accepted the connection but did not finish the startup within
+/// [`CONNECT_TIMEOUT`] (or was not reached at all).
+fn no_answer() -> StoreError {
+    StoreError::Unavailable(format!(
+        "postgres: no connection within {} s (is PostgreSQL listening and answering at that host and port?)",
+        CONNECT_TIMEOUT.as_secs()
+    ))
 }
 
 impl From<StoreError> for Fail {
@@ -199,7 +217,8 @@ impl PgStore {
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| StoreError::Unavailable(format!("invalid postgres URL: {e}")))?;
-        config.connect_timeout(Duration::from_secs(10));
+        // The TCP connect only; the startup and authentication are bounded below.
+        config.connect_timeout(CONNECT_TIMEOUT);
         if config.get_application_name().is_none() {
             config.application_name("tally");
         }
@@ -209,7 +228,10 @@ impl PgStore {
                     "schema name {schema:?}: use lower-case letters, digits and _"
                 )));
             }
-            let (mut client, connection) = config.connect(NoTls).await?;
+            let (mut client, connection) =
+                tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
+                    .await
+                    .map_err(|_| no_answer())??;
             let task = tokio::spawn(connection);
             schema::create_schema(&mut client, schema).await?;
             drop(client);
@@ -225,6 +247,8 @@ impl PgStore {
         );
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT))
             .build()
             .map_err(|e| StoreError::Unavailable(format!("postgres pool: {e}")))?;
         {
