@@ -6,7 +6,9 @@
 //! (`::ffff:a.b.c.d`) is the IPv4 address. Nothing else a client sends (user agent, site id,
 //! page) is part of it.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// A client network: IPv4 /32 or IPv6 /64.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,6 +50,65 @@ impl ClientNet {
     }
 }
 
+/// How many of something (connections, open requests, stats reads) each client network holds
+/// now, at most `max` each. A network holding nothing has no entry: the table is as large as
+/// the set of networks holding something now, never more.
+pub struct Shares {
+    table: Mutex<HashMap<ClientNet, usize>>,
+    max: usize,
+}
+
+impl Shares {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            table: Mutex::new(HashMap::new()),
+            max: max.max(1),
+        })
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<ClientNet, usize>> {
+        // Plain counters, valid whatever a panicking holder did.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One more for `net`, or `None` when it holds its whole share; given back on drop.
+    pub fn take(self: &Arc<Self>, net: ClientNet) -> Option<Share> {
+        let mut table = self.table();
+        let held = table.entry(net).or_default();
+        if *held >= self.max {
+            return None;
+        }
+        *held += 1;
+        Some(Share {
+            shares: Arc::clone(self),
+            net,
+        })
+    }
+
+    /// Networks holding something now.
+    pub fn networks(&self) -> usize {
+        self.table().len()
+    }
+}
+
+/// One place in a network's share; given back on drop.
+pub struct Share {
+    shares: Arc<Shares>,
+    net: ClientNet,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut table = self.shares.table();
+        if let Some(held) = table.get_mut(&self.net) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                table.remove(&self.net);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +130,21 @@ mod tests {
     fn ipv4_is_the_whole_address_also_when_mapped() {
         assert_ne!(net("192.0.2.1"), net("192.0.2.2"));
         assert_eq!(net("::ffff:192.0.2.1"), net("192.0.2.1"));
+    }
+
+    #[test]
+    fn a_network_gets_its_share_and_no_more_and_gives_it_back() {
+        let shares = Shares::new(2);
+        let a = shares.take(net("192.0.2.1")).expect("first");
+        let b = shares.take(net("192.0.2.1")).expect("second");
+        assert!(shares.take(net("192.0.2.1")).is_none(), "past the share");
+        let other = shares.take(net("192.0.2.2")).expect("another network");
+        let v6 = shares.take(net("2001:db8::1")).expect("v6");
+        let v6b = shares.take(net("2001:db8::2")).expect("same /64");
+        assert!(shares.take(net("2001:db8::3")).is_none(), "same /64, full");
+        drop(a);
+        let c = shares.take(net("192.0.2.1")).expect("given back on drop");
+        drop((b, c, other, v6, v6b));
+        assert_eq!(shares.networks(), 0, "nothing held, no entry");
     }
 }

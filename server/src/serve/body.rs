@@ -23,7 +23,7 @@ use tally_wire::ErrorBody;
 use tokio::time::{Instant, Sleep};
 
 use super::conn::RequestGuard;
-use super::share::RequestShare;
+use crate::core::net::Share;
 
 /// The 408 that replaces whatever the handler made of a body that did not arrive in time.
 pub(crate) fn request_timeout(version: Version, after: Duration) -> Response<Body> {
@@ -129,11 +129,11 @@ impl HttpBody for TimedBody {
 pub(crate) struct Answer {
     body: Body,
     _open: RequestGuard,
-    _share: Option<RequestShare>,
+    _share: Option<Share>,
 }
 
 impl Answer {
-    pub fn new(body: Body, open: RequestGuard, share: Option<RequestShare>) -> Self {
+    pub fn new(body: Body, open: RequestGuard, share: Option<Share>) -> Self {
         Self {
             body,
             _open: open,

@@ -379,7 +379,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
             } else {
                 response
             };
-            Ok(response.map(|body| Answer::new(body, guard, Some(slot))))
+            Ok(response.map(|body| Answer::new(body, guard, slot)))
         })
     }
 }
@@ -403,11 +403,11 @@ mod tests {
         tokio::spawn(async move {
             let (stream, peer) = listener.accept().await.expect("accept");
             let (_stop_tx, stop) = watch::channel(false);
-            let shares = Arc::new(super::super::share::Shares::new(
+            let shares = super::super::share::AddressShares::new(
                 1,
                 8,
                 crate::core::forwarded::TrustedProxies::none(),
-            ));
+            );
             let share = shares.connect(peer.ip()).expect("a share");
             serve_connection(stream, peer, share, shared, stop).await;
         });

@@ -55,7 +55,7 @@ use tokio::time::Instant;
 use crate::core::forwarded::TrustedProxies;
 use crate::metrics::{Metrics, ReasonLabel};
 use conn::Shared;
-use share::Shares;
+use share::AddressShares;
 
 /// Largest request head in bytes (HTTP/1 read buffer, HTTP/2 header list); a longer HTTP/1
 /// head is answered 431 without reaching a handler.
@@ -171,7 +171,7 @@ pub async fn serve(
             metrics: Arc::clone(&metrics),
         }),
         permits: Arc::new(Semaphore::new(cap)),
-        shares: Arc::new(Shares::new(
+        shares: Arc::new(AddressShares::new(
             config.max_connections_per_address,
             config.max_requests_per_address,
             exempt,
@@ -213,7 +213,7 @@ struct Acceptor {
     /// One permit per connection served; `max_connections` (or less, see [`os`]).
     permits: Arc<Semaphore>,
     /// Each client network's share.
-    shares: Arc<Shares>,
+    shares: Arc<AddressShares>,
     /// One per refusal that waits for the client (see [`refuse`]).
     refusals: Arc<Semaphore>,
     /// Turns true at shutdown; every connection holds a receiver.
