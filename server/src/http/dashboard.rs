@@ -164,11 +164,11 @@ async fn scope(
     peer: SocketAddr,
     headers: &HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
-) -> Result<(Site, DayRange, tokio::sync::OwnedSemaphorePermit), ApiError> {
+) -> Result<(Site, DayRange, super::StatsSlot), ApiError> {
     let q = super::query(query)?;
     let (site, _) = authorised(state, raw, peer, headers).await?;
     let (range, _) = q.resolve(state, &site)?;
-    let slot = state.stats_slot().await?;
+    let slot = state.stats_slot(state.client_net(peer, headers)).await?;
     Ok((site, range, slot))
 }
 
@@ -681,7 +681,7 @@ async fn page(
         Err(e) => return Err(e),
     };
     let (range, range_name) = q.resolve(&state, &site)?;
-    let _slot = state.stats_slot().await?;
+    let _slot = state.stats_slot(state.client_net(peer, &headers)).await?;
     let now = state.clock.now();
     let mut cards = Vec::new();
     for (name, label, id) in [

@@ -119,6 +119,8 @@ pub struct AppStateInner {
     ua_hasher: std::collections::hash_map::RandomState,
     /// Stats requests (dashboard, series, top) in flight at once.
     pub stats_slots: Arc<tokio::sync::Semaphore>,
+    /// Each client network's share of the stats slots (half of them, at least one).
+    stats_shares: Arc<crate::core::net::Shares>,
     /// Batch bodies being read and parsed at once.
     pub batch_slots: Arc<tokio::sync::Semaphore>,
     /// Views not counted, by site, day and reason, until the next flush to the store.
@@ -158,6 +160,7 @@ impl AppState {
             live,
             redis,
             stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
+            stats_shares: crate::core::net::Shares::new(config.stats_concurrency.div_ceil(2)),
             batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
             config: Arc::new(config),
             bots: Arc::new(BotList::bundled()),
@@ -268,12 +271,18 @@ impl AppState {
         Ok(counts)
     }
 
-    /// A slot for one stats request (dashboard, series, top): waits up to 2 s for one of
-    /// `--stats-concurrency` slots, else 503 `busy` with `Retry-After`.
-    pub async fn stats_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    /// A slot for one stats request (dashboard, series, top) of the client `net`: 503 `busy`
+    /// with `Retry-After` at once when that network already has half of the
+    /// `--stats-concurrency` slots (one address cannot keep everyone else's reads out), else
+    /// waits up to 2 s for a slot, then 503 `busy`.
+    pub async fn stats_slot(&self, net: ClientNet) -> Result<StatsSlot, ApiError> {
+        let share = self.stats_shares.take(net).ok_or(ApiError::Busy)?;
         match tokio::time::timeout(STATS_WAIT, Arc::clone(&self.stats_slots).acquire_owned()).await
         {
-            Ok(Ok(permit)) => Ok(permit),
+            Ok(Ok(permit)) => Ok(StatsSlot {
+                _permit: permit,
+                _share: share,
+            }),
             _ => Err(ApiError::Busy),
         }
     }
@@ -309,6 +318,12 @@ pub(crate) fn constant_time_eq(a: &str, b: &str) -> bool {
     let (a, b) = (blake3::hash(a.as_bytes()), blake3::hash(b.as_bytes()));
     // blake3's `Hash` equality is constant-time.
     a == b
+}
+
+/// A stats request's slot and its network's place in the share; both given back on drop.
+pub struct StatsSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _share: crate::core::net::Share,
 }
 
 /// The whole application.

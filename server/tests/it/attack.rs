@@ -645,6 +645,50 @@ async fn stats_readers_are_bounded_on_a_site_with_100k_pages() {
     );
     // Before: 6.0 GB peak for 64 readers of 300,000 pages. The budget: 200 MB in all.
     assert!(peak / 1024 <= 200, "peak RSS {} MiB", peak / 1024);
+
+    // One address reading without pause holds at most half the stats slots: a reader from
+    // another address is answered, not told `busy`.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attacker: Vec<_> = (0..64)
+        .map(|_| {
+            let (http, url, stop) = (
+                http.clone(),
+                server.url("/dashboard/big?range=365d&limit=100"),
+                std::sync::Arc::clone(&stop),
+            );
+            tokio::spawn(async move {
+                let mut busy = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = http.get(&url).send().await.expect("request");
+                    busy += u32::from(r.status() == 503);
+                    let _ = r.bytes().await;
+                }
+                busy
+            })
+        })
+        .collect();
+    let other = client_from("127.0.0.2");
+    let mut slowest = std::time::Duration::ZERO;
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let r = other
+            .get(server.url("/api/v1/sites/big/top?range=30d&limit=100"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 200, "another address's read");
+        let _ = r.bytes().await;
+        slowest = slowest.max(started.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut busy = 0;
+    for task in attacker {
+        busy += task.await.expect("attacker");
+    }
+    println!(
+        "beside 64 readers of one address ({busy} told busy): another address's slowest read {slowest:?}"
+    );
+    assert!(busy > 0, "the reading address was never held to its share");
     server.stop().await;
 }
 
