@@ -47,6 +47,10 @@ use crate::core::filtered::{FilteredCounts, FilteredRow};
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::record::{Outcome, Record};
 
+/// Largest count an imported aggregate row holds (`tally import` refuses rows above it, and
+/// `verify` checks it): sums of every row a read can cover stay far inside `i64`.
+pub const MAX_IMPORTED_COUNT: i64 = 1_000_000_000_000;
+
 /// `source` of imported daily aggregates in `counters` (Plausible, `tally-csv`; written by
 /// SQLite's import, brought to PostgreSQL by `tally copy-to`): added to the web numbers when
 /// read, their daily visitors summed (they have no visitor sets), never recounted by `verify`

@@ -7,7 +7,10 @@
 //!   all-time rows are then never comparable), and
 //! - it is not a per-page day row before the page prune marker (`meta.page_rows_before_day`).
 //!
-//! Imported daily aggregates (`source` = [`IMPORTED_SOURCE`]) are never compared.
+//! Imported daily aggregates (`source` = [`IMPORTED_SOURCE`]) have no raw events: they are
+//! never compared with a recount. Instead each imported day row must lie within 0 and
+//! [`MAX_IMPORTED_COUNT`], and each imported all-time row must be the sum of its day rows;
+//! repair clamps the day rows and recomputes the sums.
 //!
 //! Repair deletes and re-inserts exactly the comparable rows, rebuilds the per-day visitor
 //! sets of days after both the raw prune marker and the visitor prune marker
@@ -15,6 +18,7 @@
 //! (rebuilding them only when no raw event was ever pruned). Pruned rows never come back.
 
 use super::*;
+use crate::store::MAX_IMPORTED_COUNT;
 
 /// The recount of every counter from raw events: (scope, source, name, day, views, visitors).
 const RECOUNT: &str = "
@@ -36,6 +40,40 @@ const RECOUNT_EVENTS: &str = "
     UNION ALL SELECT site, -1, name, -1, COUNT(*), 0 FROM events WHERE kind = 1 GROUP BY site, name";
 
 const STORED_EVENTS: &str = "SELECT site, -1, name, day, count, 0 FROM event_counters";
+
+/// `column` within 0 and [`MAX_IMPORTED_COUNT`].
+fn clamp(column: &str) -> String {
+    format!("MIN(MAX({column}, 0), {MAX_IMPORTED_COUNT})")
+}
+
+/// Imported day rows, and the same clamped to their bounds (shaped like [`RECOUNT`]).
+fn imported_days() -> (String, String) {
+    let rows = format!("FROM counters WHERE source = {IMPORTED_SOURCE} AND day >= 0");
+    (
+        format!("SELECT scope, source, '', day, views, visitors {rows}"),
+        format!(
+            "SELECT scope, source, '', day, {}, {} {rows}",
+            clamp("views"),
+            clamp("visitors")
+        ),
+    )
+}
+
+/// Imported all-time rows, and the sums of their (clamped) day rows.
+fn imported_all_time() -> (String, String) {
+    (
+        format!(
+            "SELECT scope, source, '', day, views, visitors FROM counters \
+             WHERE source = {IMPORTED_SOURCE} AND day = -1"
+        ),
+        format!(
+            "SELECT scope, source, '', -1, SUM({}), SUM({}) FROM counters \
+             WHERE source = {IMPORTED_SOURCE} AND day >= 0 GROUP BY scope, source",
+            clamp("views"),
+            clamp("visitors")
+        ),
+    )
+}
 
 /// Which rows can be recounted (see the module doc).
 struct Cuts {
@@ -186,6 +224,22 @@ pub(super) fn verify_counters(
         true,
         &mut report,
     )?;
+    let (stored, bounded) = imported_days();
+    compare(&tx, &stored, &bounded, "1", false, &mut report)?;
+    let (stored, sums) = imported_all_time();
+    compare(&tx, &stored, &sums, "1", false, &mut report)?;
+    if repair && !report.drift.is_empty() {
+        tx.execute_batch(&format!(
+            "UPDATE counters SET views = {}, visitors = {}
+                 WHERE source = {IMPORTED_SOURCE} AND day >= 0;
+             DELETE FROM counters WHERE source = {IMPORTED_SOURCE} AND day = -1;
+             INSERT INTO counters (scope, source, day, views, visitors)
+                 SELECT scope, source, -1, SUM(views), SUM(visitors) FROM counters
+                 WHERE source = {IMPORTED_SOURCE} AND day >= 0 GROUP BY scope, source;",
+            clamp("views"),
+            clamp("visitors")
+        ))?;
+    }
     if repair && !report.drift.is_empty() {
         let visit_days = format!(
             "day >= {}{}",
