@@ -3,7 +3,13 @@
 //!
 //! Contract: columns are found by their header names, so extra or reordered columns are fine;
 //! a row that cannot be read is rejected with its reason. Aggregates are written in batches
-//! through the same paced lane as events.
+//! through the same paced lane as events. Every input is read as a stream of lines of at most
+//! [`super::MAX_LINE_BYTES`]; zip entries are streamed too, and an entry is refused (one line
+//! in the reject file naming it) when it declares more than [`MAX_ENTRY_BYTES`] or a
+//! compression ratio above [`MAX_RATIO`], and read no further than its declared size. A number
+//! above [`MAX_COUNT`] rejects its row, and sums of rows saturate at it, so no sum the store
+//! reads can overflow (2^63 is 9.2 million times the ceiling). Days before 1970 or after
+//! tomorrow reject their row.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -14,10 +20,55 @@ use jiff::Timestamp;
 use jiff::civil::Date;
 use tally_wire::Numbers;
 
-use super::{ImportJob, ImportReport, Parsed, Rejects, pace};
+use super::{ImportJob, ImportReport, LineCapped, Parsed, Rejects, TOO_LONG, pace};
 use crate::core::ids::PagePath;
 use crate::store::SiteStore;
 use crate::store::sqlite::{DailyImport, SqliteStore};
+
+/// Largest count one imported row may carry (a trillion views of one page on one day).
+pub const MAX_COUNT: u64 = crate::store::MAX_IMPORTED_COUNT.unsigned_abs();
+/// Largest zip entry read, as declared by the zip.
+pub const MAX_ENTRY_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+/// Largest ratio of an entry's declared size to its compressed size (CSV compresses 5-20x).
+pub const MAX_RATIO: u64 = 200;
+
+/// A CSV reader (rows of any length, with a header row or not) over `file`, line by line
+/// within the line cap.
+fn csv_reader<R: Read>(headers: bool, file: R) -> csv::Reader<LineCapped<std::io::BufReader<R>>> {
+    csv::ReaderBuilder::new()
+        .has_headers(headers)
+        .flexible(true)
+        .from_reader(LineCapped::new(std::io::BufReader::new(file)))
+}
+
+fn open(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))
+}
+
+/// A day an import may write: from 1970 to tomorrow.
+fn day_of(raw: &str, name: &str) -> Result<Date, String> {
+    let d = raw.trim();
+    let day = d
+        .parse::<Date>()
+        .map_err(|e| format!("{name} {d:?}: {e}"))?;
+    let tomorrow = Timestamp::now()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .date()
+        .tomorrow()
+        .unwrap_or(Date::MAX);
+    if day < jiff::civil::date(1970, 1, 1) {
+        return Err(format!("{name} {d:?} is before 1970"));
+    }
+    if day > tomorrow {
+        return Err(format!("{name} {d:?} is in the future"));
+    }
+    Ok(day)
+}
+
+/// Whether `record` stands for a line longer than the cap.
+fn too_long(record: &csv::StringRecord) -> bool {
+    record.get(0) == Some(TOO_LONG)
+}
 
 /// Index of a header column (case-insensitive), if present.
 fn col(headers: &csv::StringRecord, name: &str) -> Option<usize> {
@@ -100,11 +151,7 @@ pub(super) async fn bases(
     job: &ImportJob,
     rejects: &mut Rejects,
 ) -> anyhow::Result<ImportReport> {
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_path(&job.input)
-        .with_context(|| format!("cannot open {}", job.input.display()))?;
+    let mut reader = csv_reader(false, open(&job.input)?);
     let mut report = ImportReport::default();
     let mut record = csv::StringRecord::new();
     loop {
@@ -119,6 +166,11 @@ pub(super) async fn bases(
             }
         }
         let raw = record.iter().collect::<Vec<_>>().join(",");
+        if too_long(&record) {
+            report.lines += 1;
+            rejects.write(line_no, "", &raw)?;
+            continue;
+        }
         let page = record.get(0).unwrap_or("").trim();
         let views = record.get(1).unwrap_or("").trim();
         if line_no == 1 && views.parse::<u64>().is_err() {
@@ -126,15 +178,8 @@ pub(super) async fn bases(
         }
         report.lines += 1;
         let parsed = (|| -> Result<(Option<PagePath>, Numbers), String> {
-            let views: u64 = views
-                .parse()
-                .map_err(|_| format!("views {views:?} is not a number"))?;
-            let visitors = match record.get(2).map(str::trim) {
-                None | Some("") => 0,
-                Some(v) => v
-                    .parse()
-                    .map_err(|_| format!("visitors {v:?} is not a number"))?,
-            };
+            let views = number(&record, Some(1), "views")?;
+            let visitors = number(&record, Some(2), "visitors")?;
             let page = match page {
                 "" | "*" => None,
                 p => Some(PagePath::parse(p).map_err(|_| format!("page {p:?} must start with /"))?),
@@ -197,8 +242,13 @@ fn number(row: &csv::StringRecord, i: Option<usize>, name: &str) -> Result<u64, 
     if raw.is_empty() {
         return Ok(0);
     }
-    raw.parse()
-        .map_err(|_| format!("{name} {raw:?} is not a number"))
+    let n: u64 = raw
+        .parse()
+        .map_err(|_| format!("{name} {raw:?} is not a number"))?;
+    if n > MAX_COUNT {
+        return Err(format!("{name} {n} is above the ceiling of {MAX_COUNT}"));
+    }
+    Ok(n)
 }
 
 /// Tally's daily export, `day,page,views,visitors` (`*` = the whole site).
@@ -207,10 +257,7 @@ pub(super) async fn tally_csv(
     job: &ImportJob,
     rejects: &mut Rejects,
 ) -> anyhow::Result<ImportReport> {
-    let mut reader = csv::ReaderBuilder::new()
-        .flexible(true)
-        .from_path(&job.input)
-        .with_context(|| format!("cannot open {}", job.input.display()))?;
+    let mut reader = csv_reader(true, open(&job.input)?);
     let headers = reader.headers()?.clone();
     let (day, page, views, visitors) = (
         col(&headers, "day").context("no column \"day\"")?,
@@ -239,9 +286,11 @@ pub(super) async fn tally_csv(
         }
         report.lines += 1;
         let row = (|| -> Result<DailyImport, String> {
-            let d = record.get(day).unwrap_or("").trim();
+            if too_long(&record) {
+                return Err(String::new());
+            }
             Ok(DailyImport {
-                day: d.parse::<Date>().map_err(|e| format!("day {d:?}: {e}"))?,
+                day: day_of(record.get(day).unwrap_or(""), "day")?,
                 page: page_of(record.get(page).unwrap_or(""))?,
                 views: number(&record, views, "views")?,
                 visitors: number(&record, visitors, "visitors")?,
@@ -285,11 +334,22 @@ pub(super) async fn plausible(
         if !(pages || base.starts_with("imported_visitors")) || !base.ends_with(".csv") {
             continue;
         }
-        let mut text = String::new();
-        zip.by_name(&name)?.read_to_string(&mut text)?;
-        let mut reader = csv::ReaderBuilder::new()
-            .flexible(true)
-            .from_reader(text.as_bytes());
+        let entry = zip.by_name(&name)?;
+        let (size, packed) = (entry.size(), entry.compressed_size().max(1));
+        if size > MAX_ENTRY_BYTES || (size > 1024 * 1024 && size / packed > MAX_RATIO) {
+            report.lines += 1;
+            rejects.write(
+                0,
+                &format!(
+                    "{base}: entry refused: {size} bytes from {packed} compressed \
+                     (at most {MAX_ENTRY_BYTES} bytes and a ratio of {MAX_RATIO} are read)"
+                ),
+                "",
+            )?;
+            continue;
+        }
+        // Never more than the entry says it holds, whatever its bytes decompress to.
+        let mut reader = csv_reader(true, entry.take(size));
         let headers = reader.headers()?.clone();
         let date = col(&headers, "date").with_context(|| format!("{name}: no column \"date\""))?;
         let (page, host, visitors, views) = (
@@ -320,8 +380,10 @@ pub(super) async fn plausible(
                 continue;
             }
             let row = (|| -> Result<(DayPage, (u64, u64)), String> {
-                let d = record.get(date).unwrap_or("").trim();
-                let day = d.parse::<Date>().map_err(|e| format!("date {d:?}: {e}"))?;
+                if too_long(&record) {
+                    return Err(String::new());
+                }
+                let day = day_of(record.get(date).unwrap_or(""), "date")?;
                 let page = match page.filter(|_| pages) {
                     Some(i) => Some(
                         page_of(record.get(i).unwrap_or(""))?
@@ -340,8 +402,8 @@ pub(super) async fn plausible(
             match row {
                 Ok((key, (v, u))) => {
                     let slot = days.entry(key).or_default();
-                    slot.0 += v;
-                    slot.1 += u;
+                    slot.0 = slot.0.saturating_add(v).min(MAX_COUNT);
+                    slot.1 = slot.1.saturating_add(u).min(MAX_COUNT);
                 }
                 Err(why) => rejects.write(line_no, &why, &raw())?,
             }

@@ -2,6 +2,7 @@
 
 mod attack;
 mod attack_connections;
+mod attack_import;
 mod bad_input;
 mod badge;
 mod badge_fixtures;
