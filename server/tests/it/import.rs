@@ -204,6 +204,39 @@ async fn caddy_log_with_a_host_filter_keeps_raw_events_within_retention() {
     db.verify_clean().await;
 }
 
+/// GoatCounter's current exports, as its documentation describes them: `UserAgent` is always
+/// blank and bots are marked in `Bot` (0 = not a bot). One session, two pages, one bot row.
+#[tokio::test]
+async fn goatcounter_export_with_blank_user_agents_counts_by_the_bot_column() {
+    let db = Db::new().await;
+    let out = db
+        .import("goatcounter", &sample("goatcounter-blank-ua.csv"), &[])
+        .await;
+    assert!(
+        out.contains("imported 2, duplicates 0, rejected 1"),
+        "{out}"
+    );
+    let rejects = db.rejects("goatcounter");
+    assert!(
+        rejects.starts_with("4\tbot (GoatCounter bot flag 4)"),
+        "{rejects}"
+    );
+    let c = db
+        .store()
+        .counts(&blog(), &PagePath::root(), date(2025, 3, 2))
+        .await
+        .expect("counts");
+    assert_eq!(
+        c.site_today.web,
+        Numbers {
+            views: 2,
+            visitors: 1
+        },
+        "one session on one day is one visitor"
+    );
+    db.verify_clean().await;
+}
+
 #[tokio::test]
 async fn goatcounter_export_imports_views_and_events() {
     let db = Db::new().await;
