@@ -277,7 +277,7 @@ impl Rejects {
                 .with_context(|| format!("cannot create {}", self.path.display()))?;
             self.file = Some(std::io::BufWriter::new(f));
         }
-        let (reason, line) = if line == TOO_LONG || line.trim_end() == TOO_LONG {
+        let (reason, line) = if line.trim_end() == TOO_LONG {
             (format!("line longer than {MAX_LINE_BYTES} bytes"), "")
         } else {
             (reason.to_owned(), line)
@@ -413,6 +413,8 @@ struct RecordMaker {
     key: [u8; 32],
     /// Identical lines seen in the current second (their hash → how many).
     second: i64,
+    /// The latest time a line may have (a day from the start of the run), read once.
+    latest: Timestamp,
     seen: HashMap<[u8; 32], u32>,
     /// Verdicts of [`is_bot`] per user agent (logs repeat few agents); bounded.
     bots: HashMap<String, bool>,
@@ -424,6 +426,7 @@ impl RecordMaker {
             site,
             key: crate::privacy::random_bytes::<32>(),
             second: i64::MIN,
+            latest: Timestamp::now() + jiff::SignedDuration::from_hours(24),
             seen: HashMap::new(),
             bots: HashMap::new(),
         }
@@ -459,7 +462,7 @@ impl RecordMaker {
         if p.at < Timestamp::UNIX_EPOCH {
             return Err(format!("time {} is before 1970", p.at));
         }
-        if p.at > Timestamp::now() + jiff::SignedDuration::from_hours(24) {
+        if p.at > self.latest {
             return Err(format!("time {} is in the future", p.at));
         }
         let sec = p.at.as_second();

@@ -45,24 +45,33 @@ fn open(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
     std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))
 }
 
-/// A day an import may write: from 1970 to tomorrow.
-fn day_of(raw: &str, name: &str) -> Result<Date, String> {
-    let d = raw.trim();
-    let day = d
-        .parse::<Date>()
-        .map_err(|e| format!("{name} {d:?}: {e}"))?;
-    let tomorrow = Timestamp::now()
-        .to_zoned(jiff::tz::TimeZone::UTC)
-        .date()
-        .tomorrow()
-        .unwrap_or(Date::MAX);
-    if day < jiff::civil::date(1970, 1, 1) {
-        return Err(format!("{name} {d:?} is before 1970"));
+/// The days an import may write: from 1970 to tomorrow (read once per run).
+struct Days {
+    last: Date,
+}
+
+impl Days {
+    fn new() -> Self {
+        let today = Timestamp::now().to_zoned(jiff::tz::TimeZone::UTC).date();
+        Self {
+            last: today.tomorrow().unwrap_or(Date::MAX),
+        }
     }
-    if day > tomorrow {
-        return Err(format!("{name} {d:?} is in the future"));
+
+    /// The day `raw` names, if an import may write it.
+    fn parse(&self, raw: &str, name: &str) -> Result<Date, String> {
+        let d = raw.trim();
+        let day = d
+            .parse::<Date>()
+            .map_err(|e| format!("{name} {d:?}: {e}"))?;
+        if day < jiff::civil::date(1970, 1, 1) {
+            return Err(format!("{name} {d:?} is before 1970"));
+        }
+        if day > self.last {
+            return Err(format!("{name} {d:?} is in the future"));
+        }
+        Ok(day)
     }
-    Ok(day)
 }
 
 /// Whether `record` stands for a line longer than the cap.
@@ -272,6 +281,7 @@ pub(super) async fn tally_csv(
         written: 0,
     };
     let mut report = ImportReport::default();
+    let allowed = Days::new();
     let mut record = csv::StringRecord::new();
     loop {
         let line_no = reader.position().line();
@@ -290,7 +300,7 @@ pub(super) async fn tally_csv(
                 return Err(String::new());
             }
             Ok(DailyImport {
-                day: day_of(record.get(day).unwrap_or(""), "day")?,
+                day: allowed.parse(record.get(day).unwrap_or(""), "day")?,
                 page: page_of(record.get(page).unwrap_or(""))?,
                 views: number(&record, views, "views")?,
                 visitors: number(&record, visitors, "visitors")?,
@@ -323,6 +333,7 @@ pub(super) async fn plausible(
         .with_context(|| format!("cannot open {}", job.input.display()))?;
     let mut zip = zip::ZipArchive::new(file).context("not a zip file")?;
     let mut report = ImportReport::default();
+    let allowed = Days::new();
     let mut days: BTreeMap<DayPage, (u64, u64)> = BTreeMap::new();
     let names: Vec<String> = zip
         .file_names()
@@ -383,7 +394,7 @@ pub(super) async fn plausible(
                 if too_long(&record) {
                     return Err(String::new());
                 }
-                let day = day_of(record.get(date).unwrap_or(""), "date")?;
+                let day = allowed.parse(record.get(date).unwrap_or(""), "date")?;
                 let page = match page.filter(|_| pages) {
                     Some(i) => Some(
                         page_of(record.get(i).unwrap_or(""))?
