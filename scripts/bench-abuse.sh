@@ -9,6 +9,6 @@ cd "$(dirname "$0")/.."
 secs=${1:-15}
 shift $(( $# > 0 ? 1 : 0 ))
 [[ ${1:-} == -- ]] && shift
-cargo build --release -q -p tally -p tally-loadgen
-target/release/tally-loadgen abuse --duration "$secs" \
+cargo build --profile dist -q -p tally -p tally-loadgen
+target/dist/tally-loadgen abuse --duration "$secs" \
   --tally-args="${TALLY_ARGS:---auto-sites}" "$@"

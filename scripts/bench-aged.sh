@@ -11,10 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-6}
 rounds=${2:-3}
-cargo build --release -q -p tally -p tally-loadgen
+cargo build --profile dist -q -p tally -p tally-loadgen
 target=$(realpath "${CARGO_TARGET_DIR:-target}")
-tally=$target/release/tally
-loadgen=$target/release/tally-loadgen
+tally=$target/dist/tally
+loadgen=$target/dist/tally-loadgen
 dir=$(mktemp -d)
 pid=
 cleanup() {

@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 secs=${1:-8}
 shift $(( $# > 0 ? 1 : 0 ))
 [[ ${1:-} == -- ]] && shift
-cargo build --release -q -p tally -p tally-loadgen
-target/release/tally-loadgen import --duration "$secs" "$@"
+cargo build --profile dist -q -p tally -p tally-loadgen
+target/dist/tally-loadgen import --duration "$secs" "$@"

@@ -10,14 +10,14 @@ secs=${1:-10}
 shift $(( $# > 0 ? 1 : 0 ))
 [[ ${1:-} == -- ]] && shift
 args=${TALLY_ARGS:---auto-sites --rate-limit-per-minute 0}
-cargo build --release -q -p tally -p tally-loadgen
+cargo build --profile dist -q -p tally -p tally-loadgen
 # Default durability (synchronous=FULL: an fsync per commit), then crash-only durability.
-target/release/tally-loadgen run --duration "$secs" --rounds "${ROUNDS:-3}" --connections 64 \
+target/dist/tally-loadgen run --duration "$secs" --rounds "${ROUNDS:-3}" --connections 64 \
   --duplicates 25 --tally-args="$args" "$@"
 if [[ -z ${SKIP_NORMAL:-} ]]; then
-  target/release/tally-loadgen run --duration "$secs" --connections 64 --duplicates 25 \
+  target/dist/tally-loadgen run --duration "$secs" --connections 64 --duplicates 25 \
     --tally-args="$args --sync normal" "$@"
 fi
 if [[ -z ${SKIP_MEMORY:-} ]]; then
-  target/release/tally-loadgen memory --visitors "${VISITORS:-1000000}" --tally-args="$args"
+  target/dist/tally-loadgen memory --visitors "${VISITORS:-1000000}" --tally-args="$args"
 fi

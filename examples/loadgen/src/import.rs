@@ -22,8 +22,8 @@ use crate::server::{self, load_average};
 /// Options of `import`.
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
-    /// The tally binary (build it with --release).
-    #[arg(long, default_value = "target/release/tally")]
+    /// The tally binary (build it with --profile dist).
+    #[arg(long, default_value = "target/dist/tally")]
     pub tally: PathBuf,
     /// Log lines to generate and import.
     #[arg(long, default_value_t = 300_000)]
@@ -82,7 +82,7 @@ fn write_log(path: &Path, lines: u64) -> anyhow::Result<()> {
 pub async fn import(args: ImportArgs) -> anyhow::Result<()> {
     if !args.tally.exists() {
         bail!(
-            "{} not found: run `cargo build --release -p tally` first",
+            "{} not found: run `cargo build --profile dist -p tally` first",
             args.tally.display()
         );
     }

@@ -16,7 +16,7 @@ use crate::server;
 /// Options of `memory`.
 #[derive(Debug, clap::Args)]
 pub struct MemoryArgs {
-    #[arg(long, default_value = "target/release/tally")]
+    #[arg(long, default_value = "target/dist/tally")]
     pub tally: PathBuf,
     /// Distinct visitors to send.
     #[arg(long, default_value_t = 1_000_000)]

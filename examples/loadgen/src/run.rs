@@ -22,8 +22,8 @@ use crate::server::{self, Cpu, DbSize, load_average, mb};
 /// Options of `run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// The tally binary (build it with --release).
-    #[arg(long, default_value = "target/release/tally")]
+    /// The tally binary (build it with --profile dist).
+    #[arg(long, default_value = "target/dist/tally")]
     pub tally: PathBuf,
     /// Seconds measured per server.
     #[arg(long, default_value_t = 10)]

@@ -19,8 +19,8 @@ use crate::server::{self, Cpu, Server, load_average};
 /// Options of `scale`.
 #[derive(Debug, clap::Args)]
 pub struct ScaleArgs {
-    /// The tally binary (build it with --release).
-    #[arg(long, default_value = "target/release/tally")]
+    /// The tally binary (build it with --profile dist).
+    #[arg(long, default_value = "target/dist/tally")]
     pub tally: PathBuf,
     /// PostgreSQL to measure (each row gets its own schema).
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]

@@ -36,7 +36,7 @@ pub async fn spawn_tally(
 ) -> anyhow::Result<Server> {
     if !tally.exists() {
         bail!(
-            "{} not found: run `cargo build --release -p tally` first",
+            "{} not found: run `cargo build --profile dist -p tally` first",
             tally.display()
         );
     }

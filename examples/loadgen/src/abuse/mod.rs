@@ -33,8 +33,8 @@ use attack::{Kind, Payloads, Tally};
 /// Options of `abuse`.
 #[derive(Debug, clap::Args)]
 pub struct AbuseArgs {
-    /// The tally binary (build it with --release).
-    #[arg(long, default_value = "target/release/tally")]
+    /// The tally binary (build it with --profile dist).
+    #[arg(long, default_value = "target/dist/tally")]
     pub tally: PathBuf,
     /// Seconds of each phase: legitimate traffic alone, then under attack.
     #[arg(long, default_value_t = 15)]
