@@ -1,25 +1,22 @@
 //! Tally's collector as a library: the `tally` binary is a thin shell around [`run`], and the
 //! integration tests call the same [`run`] on port 0.
 //!
-//! Module map (see ARCHITECTURE.md): [`core`] counts and validates without HTTP or storage;
-//! [`store`] persists behind one trait; [`ingest`] batches writes into group commits;
-//! [`http`] is the edge; [`sites`], [`privacy`], [`metrics`] and [`config`] support them.
+//! Module map (see ARCHITECTURE.md), each layer using only those below it:
+//! - [`edge`]: HTTP (connections in `edge::serve`, routes in `edge::http`);
+//! - [`ops`]: what an operator runs (configuration, import, export);
+//! - [`collect`]: the counting pipeline, free of any transport;
+//! - [`state`]: what several collectors share (live window, limits, repeat gate, site cache),
+//!   in process or on Redis;
+//! - [`store`]: persistence, on SQLite or PostgreSQL;
+//! - [`core`]: the domain's types and rules, without I/O;
+//! - [`metrics`]: what every layer reports, for `/metrics`.
 
-pub mod bots;
-pub mod config;
+pub mod collect;
 pub mod core;
-pub mod export;
-pub mod http;
-pub mod import;
-pub mod ingest;
-pub mod limits;
+pub mod edge;
 pub mod metrics;
-pub mod privacy;
-pub mod redis_state;
-pub mod secrets;
-pub mod serve;
-pub mod shared;
-pub mod sites;
+pub mod ops;
+pub mod state;
 pub mod store;
 
 use std::future::Future;
@@ -28,12 +25,12 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-use crate::config::{Database, ServeConfig};
+use crate::collect::ingest::Ingest;
 use crate::core::clock::Clock;
 use crate::core::filtered::FilterTally;
-use crate::http::AppState;
-use crate::ingest::Ingest;
+use crate::edge::http::AppState;
 use crate::metrics::Metrics;
+use crate::ops::config::{Database, ServeConfig};
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::{SqliteStore, StoreOptions};
 use crate::store::{EventSink, Maintenance, Retention, SaltStore, Store};
@@ -85,7 +82,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     // Before anything starts: a missing or unreadable secret is a clear startup error.
-    let secret = secrets::ServerSecret::load(&config.secret)?;
+    let secret = collect::secrets::ServerSecret::load(&config.secret)?;
     let metrics = Arc::new(Metrics::new());
     let (ingest, writer) = Ingest::start(store.clone(), config.ingest, Arc::clone(&metrics));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -104,7 +101,7 @@ pub async fn run(
     let shared = match &config.redis {
         Some(url) => {
             // The URL may hold a password: the error never repeats it.
-            let link = redis_state::RedisLink::new(
+            let link = state::redis::RedisLink::new(
                 url.expose(),
                 &config.redis_prefix,
                 secret.derive_key("tally redis keys", b""),
@@ -112,9 +109,9 @@ pub async fn run(
             .map_err(|_| {
                 anyhow::anyhow!("--redis is not a valid Redis URL (expected redis://host:port/db)")
             })?;
-            shared::SharedState::on_redis(&config, link)
+            state::redis::shared(config.state_options(), link)
         }
-        None => shared::SharedState::in_process(&config),
+        None => state::memory::shared(config.state_options()),
     };
     let state = AppState::new(
         Arc::clone(&store),
@@ -142,9 +139,9 @@ pub async fn run(
     ));
     // Serves until `shutdown`, then within the grace period; handlers get the peer address as
     // `ConnectInfo<SocketAddr>` from the server loop.
-    serve::serve(
+    edge::serve::serve(
         listener,
-        http::app(state),
+        edge::http::app(state),
         server,
         proxies,
         metrics,
@@ -193,16 +190,16 @@ async fn flush_filtered(store: &dyn EventSink, tally: &std::sync::Mutex<FilterTa
     }
 }
 
-/// Learn logouts taken by other collectors of the database every [`http::auth::SESSION_REFRESH`].
+/// Learn logouts taken by other collectors of the database every [`edge::http::auth::SESSION_REFRESH`].
 async fn session_loop(
     store: Arc<dyn SaltStore>,
-    auth: Arc<http::auth::Auth>,
+    auth: Arc<edge::http::auth::Auth>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
         tokio::select! {
             _ = stop.changed() => return,
-            _ = tokio::time::sleep(http::auth::SESSION_REFRESH) => {}
+            _ = tokio::time::sleep(edge::http::auth::SESSION_REFRESH) => {}
         }
         if let Err(e) = learn_logouts(store.as_ref(), &auth).await {
             tracing::debug!(error = %e, "reading the last admin logout failed; will retry");
@@ -213,7 +210,7 @@ async fn session_loop(
 /// Read the last admin logout from the store into `auth`.
 async fn learn_logouts(
     store: &dyn SaltStore,
-    auth: &http::auth::Auth,
+    auth: &edge::http::auth::Auth,
 ) -> Result<(), store::StoreError> {
     auth.learn_logout(store.sessions_not_before().await?);
     Ok(())

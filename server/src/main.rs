@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tally::config::{FileConfig, ServeArgs, ServeConfig};
 use tally::core::clock::SystemClock;
 use tally::core::day::SiteZone;
 use tally::core::ids::{PagePath, SiteId};
+use tally::ops::config::{FileConfig, ServeArgs, ServeConfig};
 use tally::store::Site;
 
 /// jemalloc instead of glibc's allocator: per-thread caches without glibc's fastbin
@@ -52,7 +52,7 @@ enum Command {
     Import {
         /// Input format.
         #[arg(long, value_enum)]
-        format: tally::import::Format,
+        format: tally::ops::import::Format,
         /// The site to count into (must exist: `tally site add`).
         #[arg(long)]
         site: String,
@@ -83,9 +83,9 @@ enum Command {
         #[arg(long)]
         to: Option<jiff::civil::Date>,
         #[arg(long, value_enum, default_value = "csv")]
-        format: tally::export::ExportFormat,
+        format: tally::ops::export::ExportFormat,
         #[arg(long, value_enum, default_value = "daily")]
-        what: tally::export::ExportWhat,
+        what: tally::ops::export::ExportWhat,
     },
     /// Write a consistent copy of the database to FILE (safe while `tally serve` runs).
     Backup {
@@ -216,7 +216,7 @@ fn main() -> anyhow::Result<()> {
                         .as_millisecond()
                         .saturating_sub(i64::from(config.retention_days) * 86_400_000)
                 });
-                let job = tally::import::ImportJob {
+                let job = tally::ops::import::ImportJob {
                     format,
                     site,
                     input,
@@ -227,7 +227,7 @@ fn main() -> anyhow::Result<()> {
                     raw_before_ms,
                 };
                 let started = std::time::Instant::now();
-                let r = tally::import::run(&sqlite, &job).await?;
+                let r = tally::ops::import::run(&sqlite, &job).await?;
                 let secs = started.elapsed().as_secs_f64();
                 println!(
                     "read {} lines in {secs:.2} s ({:.0} lines/s): imported {}, duplicates {}, rejected {}{}",
@@ -258,7 +258,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 let stdout = std::io::stdout();
                 let mut out = std::io::BufWriter::new(stdout.lock());
-                tally::export::export(&sqlite, &id, range, format, what, &mut out)?;
+                tally::ops::export::export(&sqlite, &id, range, format, what, &mut out)?;
                 Ok(())
             }
             Command::Backup { file } => {
@@ -346,7 +346,7 @@ async fn site(cmd: SiteCommand, store: &dyn tally::store::Store) -> anyhow::Resu
                 _ => {
                     let key = format!(
                         "tk_{}",
-                        tally::privacy::random_bytes::<24>()
+                        tally::collect::privacy::random_bytes::<24>()
                             .iter()
                             .map(|b| format!("{b:02x}"))
                             .collect::<String>()
@@ -407,8 +407,8 @@ async fn copy_to(
     sqlite: &tally::store::sqlite::SqliteStore,
     url: &str,
 ) -> anyhow::Result<()> {
-    let target = tally::config::Database::from_arg(PathBuf::from(url));
-    let tally::config::Database::Postgres(url) = &target else {
+    let target = tally::ops::config::Database::from_arg(PathBuf::from(url));
+    let tally::ops::config::Database::Postgres(url) = &target else {
         anyhow::bail!("copy-to takes a PostgreSQL URL (postgres://…), not {target}");
     };
     let options = tally::store::postgres::PgOptions {

@@ -119,7 +119,7 @@ impl EventId {
 }
 
 /// The 16-byte key a visitor is counted under: the client's visitor UUID, or, when the client
-/// keeps no id, a keyed hash of the request source that changes every day (see `privacy`).
+/// keeps no id, a keyed hash of the request source that changes every day (see `collect::privacy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VisitorKey(pub [u8; 16]);
 

@@ -1,5 +1,5 @@
 //! Repeat suppression for sources without a visitor id (badge and pixel fetches): a source
-//! (a keyed hash, see `privacy`) is counted at most once per `interval`.
+//! (a keyed hash, see `collect::privacy`) is counted at most once per `interval`.
 //!
 //! Contract: `admit(key, now)` is true when `key` was not admitted in `(now - interval, now]`.
 //! Memory is bounded by `max_keys`: entries expire lazily (oldest first) on every call, and

@@ -2,7 +2,7 @@
 //! known crawler user agents counted, no real browser filtered; and the filter on the wire.
 
 use serde_json::Value;
-use tally::bots::BotList;
+use tally::collect::bots::BotList;
 
 use crate::support::spawn_app;
 

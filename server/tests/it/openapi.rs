@@ -1,5 +1,5 @@
 //! `GET /api/v1/openapi.json` from a real server: an OpenAPI 3.1 document of every public
-//! endpoint, the one `tally::http::openapi_document()` generates, cacheable.
+//! endpoint, the one `tally::edge::http::openapi_document()` generates, cacheable.
 
 use std::collections::BTreeSet;
 
@@ -65,7 +65,7 @@ async fn the_openapi_document_describes_every_endpoint_with_its_errors() {
     let expected: BTreeSet<String> = OPERATIONS.iter().map(|s| s.to_string()).collect();
     assert_eq!(operations(&doc), expected);
     // The served document is the generated one.
-    let generated = serde_json::to_value(tally::http::openapi_document()).expect("json");
+    let generated = serde_json::to_value(tally::edge::http::openapi_document()).expect("json");
     assert_eq!(doc, generated);
 
     // The hit endpoint: its body, its answer, and its errors with the error schema.

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use tally::http::auth::SESSION_REFRESH;
+use tally::edge::http::auth::SESSION_REFRESH;
 use tokio::process::Command;
 
 use crate::store_conformance::postgres::Db;
@@ -176,7 +176,7 @@ async fn wrong_guesses_are_counted_once_for_every_collector_on_one_redis() {
             .form(&[("token", token)]);
         async move { request.send().await.expect("login").status().as_u16() }
     };
-    for i in 0..tally::http::auth::FAILURES_PER_MINUTE {
+    for i in 0..tally::edge::http::auth::FAILURES_PER_MINUTE {
         let at = &collectors[i as usize % 2];
         assert_eq!(guess(at, "wrong-guess-0123456789").await, 401, "guess {i}");
     }

@@ -1,5 +1,5 @@
 //! The shared-state conformance suite: the same checks for every implementation of the live
-//! window, the rate limiter, the repeat gate and the site cache (`tally::shared`).
+//! window, the rate limiter, the repeat gate and the site cache (`tally::state`).
 //!
 //! Every check is a `fn name(state: &impl SharedHarness)` over one fresh shared state; each
 //! `handle` call is a new handle on that same state (for a network backend: a new client on
@@ -15,8 +15,8 @@ use tally::core::classify::{Lane, LiveEntry};
 use tally::core::day::SiteZone;
 use tally::core::ids::{PagePath, SiteId};
 use tally::core::net::ClientNet;
-use tally::limits::{LimitConfig, Refusal};
-use tally::shared::{LiveState, RateLimiter, RepeatGate, SiteCache};
+use tally::state::limits::{LimitConfig, Refusal};
+use tally::state::{LiveState, RateLimiter, RepeatGate, SiteCache};
 use tally::store::Site;
 
 /// The settings every check's fresh state is made with.
@@ -219,7 +219,7 @@ async fn wrong_guesses_are_limited_per_network_across_handles(state: &impl Share
     let (a, b) = (state.limiter(), state.limiter());
     let guesser = net("192.0.2.7");
     let now = at(T0_MS);
-    for i in 0..tally::limits::GUESSES_PER_MINUTE {
+    for i in 0..tally::state::limits::GUESSES_PER_MINUTE {
         let handle = if i % 2 == 0 { &a } else { &b };
         handle.may_guess(guesser, now).await.expect("guesses left");
         handle
@@ -357,8 +357,10 @@ shared_backends! {
 /// have) on it; the prefix's keys are deleted when the state is dropped.
 mod on_redis {
     use super::*;
-    use tally::redis_state::{RedisLimiter, RedisLink, RedisLive, RedisRepeatGate, RedisSiteCache};
-    use tally::shared::{MemoryLive, MemoryRepeatGate, MemorySiteCache};
+    use tally::state::memory::{MemoryLive, MemoryRepeatGate, MemorySiteCache};
+    use tally::state::redis::{
+        RedisLimiter, RedisLink, RedisLive, RedisRepeatGate, RedisSiteCache,
+    };
 
     pub struct Redis {
         url: String,
@@ -448,7 +450,7 @@ mod on_redis {
             async move { live.record(&e, T0_MS).await }
         });
         futures_util::future::join_all(sends).await;
-        let tally::redis_state::Flushes {
+        let tally::state::redis::Flushes {
             pipelines, records, ..
         } = live.flushes();
         assert_eq!(records, 300);
@@ -479,7 +481,7 @@ mod on_redis {
             LIVE_WINDOW_SECS,
             MemoryLive::new(LIVE_WINDOW_SECS, 10_000, 1000, 100_000),
         ));
-        let n = 4 * tally::redis_state::LIVE_FLUSH_MAX as u64 + 1;
+        let n = 4 * tally::state::redis::LIVE_FLUSH_MAX as u64 + 1;
         let tasks: Vec<_> = (0..n)
             .map(|v| {
                 let live = Arc::clone(&live);
@@ -489,7 +491,7 @@ mod on_redis {
         for t in tasks {
             t.await.expect("record task");
         }
-        let max = tally::redis_state::LIVE_FLUSH_MAX as u64;
+        let max = tally::state::redis::LIVE_FLUSH_MAX as u64;
         let flushes = live.flushes();
         assert_eq!(flushes.records, n);
         assert_eq!(flushes.largest, max, "{flushes:?}");
@@ -588,8 +590,8 @@ mod on_redis {
 /// The in-process implementations: one instance per state, handles are clones of it.
 mod in_process {
     use super::*;
-    use tally::limits::Limits;
-    use tally::shared::{MemoryLive, MemoryRepeatGate, MemorySiteCache};
+    use tally::state::memory::Limits;
+    use tally::state::memory::{MemoryLive, MemoryRepeatGate, MemorySiteCache};
 
     pub struct Memory {
         live: Arc<MemoryLive>,

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
-use tally::config::ServeConfig;
 use tally::core::clock::{Clock, ManualClock};
 use tally::core::day::SiteZone;
 use tally::core::ids::{EventId, SiteId};
+use tally::ops::config::ServeConfig;
 use tally::store::{Site, Store};
 use tally_wire::Counts;
 use tokio::sync::oneshot;

@@ -12,7 +12,7 @@ use crate::support::{ORIGIN, Options, TestApp, event_id_at, pageview, spawn_app_
 const TOKEN: &str = "trust-admin-token-0123";
 const INGEST_KEY: &str = "shop-ingest-key-0123456789";
 
-fn behind_loopback_proxy(c: &mut tally::config::ServeConfig) {
+fn behind_loopback_proxy(c: &mut tally::ops::config::ServeConfig) {
     c.trusted_proxies = TrustedProxies::parse(["loopback"]).expect("preset");
 }
 
@@ -252,7 +252,7 @@ async fn one_json_rule_duplicate_keys_are_refused_on_both_endpoints() {
     app.stop().await;
 }
 
-fn admin(c: &mut tally::config::ServeConfig) {
+fn admin(c: &mut tally::ops::config::ServeConfig) {
     c.admin_token = Some(TOKEN.into());
 }
 

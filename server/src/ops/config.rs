@@ -11,11 +11,11 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 
+use crate::collect::ingest::IngestConfig;
+use crate::collect::secrets::{Secret, SecretSource, TokenError, check_token};
 use crate::core::forwarded::{ProxyError, ProxyHeader, TrustedProxies};
 use crate::core::hit::TimeWindow;
-use crate::ingest::IngestConfig;
-use crate::secrets::{Secret, SecretSource, TokenError, check_token};
-use crate::serve::ServerConfig;
+use crate::edge::serve::ServerConfig;
 use crate::store::sqlite::SyncMode;
 
 /// Options of `tally serve` as given on the command line or in the environment. Every field is
@@ -618,12 +618,21 @@ impl ServeConfig {
     }
 
     /// The limits of the counting routes.
-    pub fn limits(&self) -> crate::limits::LimitConfig {
-        crate::limits::LimitConfig {
+    pub fn limits(&self) -> crate::state::limits::LimitConfig {
+        crate::state::limits::LimitConfig {
             per_site_per_minute: self.rate_limit_per_minute,
             per_address_per_minute: self.address_limit_per_minute,
             new_sites_per_hour: self.new_sites_per_hour,
             proxy_factor: self.proxy_factor,
+        }
+    }
+
+    /// What the shared state is built from.
+    pub fn state_options(&self) -> crate::state::StateOptions {
+        crate::state::StateOptions {
+            live_window_secs: self.live_window_secs,
+            repeat_interval_secs: self.repeat_interval_secs,
+            limits: self.limits(),
         }
     }
 

@@ -143,7 +143,9 @@ async fn authorised(
 ) -> Result<(Site, bool), ApiError> {
     let id = super::site_id(raw)?;
     let site = state.sites.get(&id).await.map_err(|e| match e {
-        crate::sites::SiteError::Unknown(_) => ApiError::NotFound(format!("no site {raw:?}")),
+        crate::collect::sites::SiteError::Unknown(_) => {
+            ApiError::NotFound(format!("no site {raw:?}"))
+        }
         other => other.into(),
     })?;
     let admin = state.is_admin(peer, headers).await;
@@ -612,7 +614,7 @@ struct DashboardPage {
 }
 
 /// The favicon (an SVG; browsers take it from `/favicon.ico` by its content type).
-const FAVICON_SVG: &str = include_str!("../../templates/favicon.svg");
+const FAVICON_SVG: &str = include_str!("../../../templates/favicon.svg");
 
 async fn favicon() -> Response {
     (

@@ -191,7 +191,7 @@ impl ServerSecret {
                 Ok(Self::derive(&text))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let fresh: String = crate::privacy::random_bytes::<32>()
+                let fresh: String = crate::collect::privacy::random_bytes::<32>()
                     .iter()
                     .map(|b| format!("{b:02x}"))
                     .collect();

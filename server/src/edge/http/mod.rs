@@ -19,7 +19,7 @@
 //!
 //! [`AppState`] holds the seams, not their implementations: the store (`Arc<dyn Store>`), and
 //! the live window, rate limiter, repeat gate and site cache behind the traits of
-//! [`crate::shared`] (in-process implementations today).
+//! [`crate::state`] (in-process implementations today).
 
 mod assets;
 pub mod auth;
@@ -49,19 +49,19 @@ use tower_http::set_header::SetResponseHeaderLayer;
 
 pub use error::ApiError;
 
-use crate::bots::BotList;
-use crate::config::ServeConfig;
+use crate::collect::bots::BotList;
+use crate::collect::ingest::Ingest;
+use crate::collect::privacy::SourceHasher;
+use crate::collect::secrets::ServerSecret;
+use crate::collect::sites::SiteRegistry;
 use crate::core::clock::Clock;
 use crate::core::filtered::{FilterTally, FilteredCounts, Reason};
 use crate::core::ids::SiteId;
 use crate::core::net::ClientNet;
-use crate::ingest::Ingest;
 use crate::metrics::Metrics;
-use crate::privacy::SourceHasher;
-use crate::redis_state::RedisLink;
-use crate::secrets::ServerSecret;
-use crate::shared::{LiveState, RateLimiter, RepeatGate, SharedState};
-use crate::sites::SiteRegistry;
+use crate::ops::config::ServeConfig;
+use crate::state::redis::RedisLink;
+use crate::state::{LiveState, RateLimiter, RepeatGate, SharedState};
 use crate::store::Store;
 
 /// User agents whose bot verdict is remembered (by a 64-bit hash: 16 bytes an entry, however

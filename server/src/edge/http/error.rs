@@ -6,9 +6,9 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tally_wire::ErrorBody;
 
+use crate::collect::ingest::IngestError;
+use crate::collect::sites::SiteError;
 use crate::core::hit::HitError;
-use crate::ingest::IngestError;
-use crate::sites::SiteError;
 use crate::store::StoreError;
 
 /// Seconds a client should wait after a 503.

@@ -16,7 +16,7 @@
 //!   test fails, so a refresh cannot ship one silently).
 
 /// The bundled pattern list (a JSON array of regular expressions).
-pub const PATTERNS_JSON: &str = include_str!("../data/bots/isbot-patterns.json");
+pub const PATTERNS_JSON: &str = include_str!("../../data/bots/isbot-patterns.json");
 
 /// Patterns per alternation. One alternation of all ~200 outgrows the lazy DFA's default cache
 /// (2 MiB per thread) and falls back to a slower engine: 230 µs per agent in release builds;

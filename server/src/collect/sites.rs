@@ -6,28 +6,22 @@
 //! an unknown id is created by the first valid COUNTING request for it ([`SiteRegistry::for_counting`]:
 //! a hit, a batch record, a counting badge or pixel fetch), never by a read, a `HEAD` or a
 //! display-only badge ([`SiteRegistry::get`] never creates). Creation is limited per client
-//! network per hour (see `limits`) and, with `max_sites`, in total. The cache holds at most
+//! network per hour (see `state::limits`) and, with `max_sites`, in total. The cache holds at most
 //! [`MAX_CACHED`] ids (a few hundred bytes each).
 //!
 //! Seams: the registry reads and creates sites through [`SiteStore`] only, remembers them in a
 //! [`SiteCache`] and charges creations to a [`RateLimiter`] (in-process implementations in
-//! [`crate::shared`]; shared ones make a site added through one collector visible to all within
+//! [`crate::state`]; shared ones make a site added through one collector visible to all within
 //! the cache's time-to-live).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::core::day::SiteZone;
 use crate::core::ids::SiteId;
 use crate::core::net::ClientNet;
-use crate::limits::Refusal;
-use crate::shared::{RateLimiter, SiteCache};
+use crate::state::limits::Refusal;
+use crate::state::{RateLimiter, SiteCache};
 use crate::store::{Site, SiteStore, StoreError};
-
-/// How long a cached site (or the knowledge that it does not exist) is trusted.
-pub const SITE_TTL: Duration = Duration::from_secs(5);
-/// Most site ids remembered (known and unknown); the cache is cleared when it grows past this.
-pub const MAX_CACHED: usize = 10_000;
 
 /// Why a site could not be used.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 //! 0.0.4, or OpenMetrics 1.0 when the `Accept` header names `application/openmetrics-text`).
 //!
 //! `/metrics` is open unless `--metrics-token` is set; then it needs `Authorization: Bearer
-//! <metrics token>` (401 otherwise; wrong tokens are throttled guesses, see `http::auth`).
+//! <metrics token>` (401 otherwise; wrong tokens are throttled guesses, see `edge::http::auth`).
 
 use std::net::SocketAddr;
 

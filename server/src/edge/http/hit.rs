@@ -15,7 +15,7 @@
 //! Dedupe keys of custom events: a sender with the site's ingest key sets site-wide keys (the
 //! shop's server says `order_1001` once for the whole site); any other sender's key is scoped
 //! to its visitor ([`DedupeKey::scoped_to`]), so an anonymous client cannot pre-claim a key. A
-//! wrong ingest key is a throttled guess (see `http::auth`).
+//! wrong ingest key is a throttled guess (see `edge::http::auth`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,7 +42,7 @@ use crate::core::hit::ValidHit;
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::net::ClientNet;
 use crate::core::record::{Outcome, Record};
-use crate::limits::{Lane, Refusal};
+use crate::state::limits::{Lane, Refusal};
 use crate::store::Site;
 
 pub fn router() -> OpenApiRouter<AppState> {

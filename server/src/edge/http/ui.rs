@@ -20,8 +20,8 @@ use axum::routing::get;
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
 connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-const CSS: &str = include_str!("../../templates/dashboard.css");
-const JS: &str = include_str!("../../templates/dashboard.js");
+const CSS: &str = include_str!("../../../templates/dashboard.css");
+const JS: &str = include_str!("../../../templates/dashboard.js");
 
 /// Routes of the pages' static files.
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
@@ -75,12 +75,15 @@ mod tests {
     #[test]
     fn templates_hold_no_inline_script_or_style() {
         for (name, text) in [
-            ("layout.html", include_str!("../../templates/layout.html")),
+            (
+                "layout.html",
+                include_str!("../../../templates/layout.html"),
+            ),
             (
                 "dashboard.html",
-                include_str!("../../templates/dashboard.html"),
+                include_str!("../../../templates/dashboard.html"),
             ),
-            ("login.html", include_str!("../../templates/login.html")),
+            ("login.html", include_str!("../../../templates/login.html")),
         ] {
             assert!(!text.contains("<style"), "{name} has a <style> element");
             assert!(!text.contains("style="), "{name} has a style attribute");

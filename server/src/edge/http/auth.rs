@@ -25,18 +25,18 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use axum::http::{HeaderMap, header};
 use jiff::Timestamp;
 
-use crate::config::ServeConfig;
+use crate::collect::secrets::{Secret, ServerSecret};
 use crate::core::net::ClientNet;
 use crate::core::session::SessionKey;
-use crate::limits::Refusal;
-use crate::secrets::{Secret, ServerSecret};
-use crate::shared::RateLimiter;
+use crate::ops::config::ServeConfig;
+use crate::state::RateLimiter;
+use crate::state::limits::Refusal;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "tally_admin";
 
 /// Failed token guesses one network may make per minute (also the burst).
-pub const FAILURES_PER_MINUTE: u32 = crate::limits::GUESSES_PER_MINUTE;
+pub const FAILURES_PER_MINUTE: u32 = crate::state::limits::GUESSES_PER_MINUTE;
 
 /// How often a collector reads the last logout from the store (a logout taken by another
 /// collector ends this one's sessions within this bound).
@@ -241,7 +241,7 @@ mod tests {
     }
 
     fn limits(config: &ServeConfig) -> Arc<dyn RateLimiter> {
-        Arc::new(crate::limits::Limits::new(config.limits()))
+        Arc::new(crate::state::memory::Limits::new(config.limits()))
     }
 
     fn auth() -> Auth {

@@ -112,10 +112,10 @@ pub(crate) struct Parsed {
 
 /// Whether a user agent is a bot: the server's bot list. The one place the import asks.
 pub fn is_bot(user_agent: &str) -> bool {
-    static BOTS: OnceLock<crate::bots::BotList> = OnceLock::new();
+    static BOTS: OnceLock<crate::collect::bots::BotList> = OnceLock::new();
     user_agent.trim().is_empty()
         || BOTS
-            .get_or_init(crate::bots::BotList::bundled)
+            .get_or_init(crate::collect::bots::BotList::bundled)
             .is_bot(user_agent)
 }
 
@@ -283,7 +283,7 @@ impl Rejects {
             (reason.to_owned(), line)
         };
         let line = line.trim_end_matches(['\r', '\n']);
-        let cut = crate::http::truncate(line, REJECT_LINE_BYTES);
+        let cut = crate::edge::http::truncate(line, REJECT_LINE_BYTES);
         let more = if cut.len() < line.len() { " …" } else { "" };
         let text = format!(
             "{line_no}\t{reason}\t{}{more}\n",
@@ -424,7 +424,7 @@ impl RecordMaker {
     fn new(site: Site) -> Self {
         Self {
             site,
-            key: crate::privacy::random_bytes::<32>(),
+            key: crate::collect::privacy::random_bytes::<32>(),
             second: i64::MIN,
             latest: Timestamp::now() + jiff::SignedDuration::from_hours(24),
             seen: HashMap::new(),

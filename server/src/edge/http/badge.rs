@@ -3,13 +3,13 @@
 //!
 //! Neither request carries a visitor id, so the visitor is the keyed hash of the source (see
 //! `privacy`), and repeated fetches from one source of the same page within the configured
-//! interval count once ([`crate::core::suppress`], behind [`crate::shared::RepeatGate`]). What a
+//! interval count once ([`crate::core::suppress`], behind [`crate::state::RepeatGate`]). What a
 //! fetch counts as (filter, visitor day, repeat key, record, live rule) is decided by
 //! [`crate::core::classify`], shared with the hit endpoints. Badge views are stored with their own
 //! source and shown by the larger-source rule ([`crate::core::counts`]); pixel views count as
 //! web views, since the pixel only loads where the script could not run.
 //!
-//! Limits: every counted view is charged to the sender's address (see `limits`), like a hit.
+//! Limits: every counted view is charged to the sender's address (see `state::limits`), like a hit.
 //! A fetch over the allowance still gets its image (a README must not show a broken image)
 //! but is not counted (`X-Tally-Status: rate_limited`). Known image proxies (GitHub's camo)
 //! fetch for many readers from few addresses: they are charged to a separate, larger proxy
@@ -29,13 +29,13 @@ use utoipa_axum::routes;
 
 use super::hit::{Sender, filter_reason, observe};
 use super::{ApiError, AppState, SiteSegment};
+use crate::collect::privacy::random_bytes;
 use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
 use crate::core::classify::{Lane, View};
 use crate::core::counts::present;
 use crate::core::filtered::Reason;
 use crate::core::ids::{EventId, PagePath};
 use crate::core::record::Source;
-use crate::privacy::random_bytes;
 use crate::store::Site;
 
 pub fn router() -> OpenApiRouter<AppState> {

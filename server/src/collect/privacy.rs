@@ -19,8 +19,8 @@ use std::sync::Arc;
 use jiff::civil::Date;
 use tokio::sync::Mutex;
 
+use crate::collect::secrets::ServerSecret;
 use crate::core::ids::{SiteId, VisitorKey};
-use crate::secrets::ServerSecret;
 use crate::store::{SaltStore, StoreError};
 
 /// 32 random bytes from the operating system.
