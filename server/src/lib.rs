@@ -26,14 +26,17 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use crate::collect::ingest::Ingest;
+use crate::collect::privacy::SourceHasher;
+use crate::collect::sites::SiteRegistry;
+use crate::collect::{CollectParts, Collector};
 use crate::core::clock::Clock;
-use crate::core::filtered::FilterTally;
 use crate::edge::http::AppState;
+use crate::edge::http::auth::Auth;
 use crate::metrics::Metrics;
 use crate::ops::config::{Database, ServeConfig};
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::{SqliteStore, StoreOptions};
-use crate::store::{EventSink, Maintenance, Retention, SaltStore, Store};
+use crate::store::{Maintenance, Retention, SaltStore, Store};
 
 /// Open the configured store: the SQLite file, or the PostgreSQL database of a
 /// `postgres://` URL (see [`Database`]).
@@ -113,14 +116,39 @@ pub async fn run(
         }
         None => state::memory::shared(config.state_options()),
     };
+    let state::SharedState {
+        live,
+        limits,
+        repeats,
+        sites,
+        redis,
+    } = shared;
+    let collect = Arc::new(Collector::new(
+        CollectParts {
+            sites: Arc::new(SiteRegistry::new(
+                store.clone(),
+                sites,
+                config.auto_sites,
+                config.max_sites,
+                Arc::clone(&limits),
+            )),
+            hasher: SourceHasher::new(store.clone(), secret.clone()),
+            ingest,
+            clock,
+            metrics: Arc::clone(&metrics),
+            live,
+            limits: Arc::clone(&limits),
+            repeats,
+        },
+        config.collect_options(),
+    ));
+    let auth = Arc::new(Auth::new(&config.auth_options(), &secret, limits));
     let state = AppState::new(
+        Arc::clone(&collect),
         Arc::clone(&store),
-        ingest,
-        clock,
-        config,
-        Arc::clone(&metrics),
-        secret,
-        shared,
+        auth,
+        config.edge_options(),
+        redis,
     );
     // Logouts taken before this start, or by another collector of the database.
     if let Err(e) = learn_logouts(store.as_ref(), &state.auth).await {
@@ -131,12 +159,11 @@ pub async fn run(
         Arc::clone(&state.auth),
         stop_tx.subscribe(),
     ));
-    let tally = Arc::clone(&state.filtered);
-    let flusher = tokio::spawn(flush_loop(
-        store.clone(),
-        Arc::clone(&tally),
-        stop_tx.subscribe(),
-    ));
+    let not_counted = Arc::clone(&collect.not_counted);
+    let flusher = {
+        let (tally, store, stop) = (Arc::clone(&not_counted), store.clone(), stop_tx.subscribe());
+        tokio::spawn(async move { tally.flush_loop(store, stop).await })
+    };
     // Serves until `shutdown`, then within the grace period; handlers get the peer address as
     // `ConnectInfo<SocketAddr>` from the server loop.
     edge::serve::serve(
@@ -154,40 +181,9 @@ pub async fn run(
     let _ = flusher.await;
     let _ = sessions.await;
     // No handler runs any more: the last views not counted go to the store.
-    flush_filtered(store.as_ref(), &tally).await;
+    not_counted.flush(store.as_ref()).await;
     writer.await?;
     Ok(())
-}
-
-/// How often the tallies of views not counted are written to the store.
-const FILTERED_FLUSH: Duration = Duration::from_secs(5);
-
-/// Write the tallies of views not counted every [`FILTERED_FLUSH`].
-async fn flush_loop(
-    store: Arc<dyn EventSink>,
-    tally: Arc<std::sync::Mutex<FilterTally>>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            _ = stop.changed() => return,
-            _ = tokio::time::sleep(FILTERED_FLUSH) => flush_filtered(store.as_ref(), &tally).await,
-        }
-    }
-}
-
-/// Hand the pending tallies to the store; on failure they go back and wait for the next one.
-async fn flush_filtered(store: &dyn EventSink, tally: &std::sync::Mutex<FilterTally>) {
-    let rows = match tally.lock() {
-        Ok(mut t) if !t.is_empty() => t.drain(),
-        _ => return,
-    };
-    if let Err(e) = store.add_filtered(&rows).await {
-        tracing::warn!(error = %e, "storing the tallies of views not counted failed; will retry");
-        if let Ok(mut t) = tally.lock() {
-            t.restore(rows);
-        }
-    }
 }
 
 /// Learn logouts taken by other collectors of the database every [`edge::http::auth::SESSION_REFRESH`].

@@ -346,7 +346,7 @@ async fn site(cmd: SiteCommand, store: &dyn tally::store::Store) -> anyhow::Resu
                 _ => {
                     let key = format!(
                         "tk_{}",
-                        tally::collect::privacy::random_bytes::<24>()
+                        tally::collect::secrets::random_bytes::<24>()
                             .iter()
                             .map(|b| format!("{b:02x}"))
                             .collect::<String>()

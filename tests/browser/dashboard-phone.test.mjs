@@ -2,11 +2,13 @@
 // finds no violations, the chart's labels render at 11 px or more and the chart is above the
 // fold, the range bar stays on one line, paths show decoded with the full path in `title`
 // (a Latin path here: the Debian image has no CJK font for the screenshot; tests/it covers 中文),
-// and no request 404s (favicon). Screenshots of both go to docs/ (the README shows them).
+// and no request 404s (favicon). Screenshots of both go to target/screenshots/; with
+// UPDATE_SCREENSHOTS=1 they replace the committed docs/dashboard*.png the README shows (CI
+// leaves the work tree as it found it).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { ROOT, USER_AGENT, cleanup, launchBrowser, startTally, tallyCommand, tempDir } from './support.mjs';
@@ -106,8 +108,10 @@ test('dashboard reads well on a phone and a desktop (axe, label sizes, fold, scr
       assert.equal(await cell.getAttribute('title'), '/posts/café-über-zähler');
       assert.equal(await page.locator('#events td.label').first().textContent(), 'signup');
 
-      await page.screenshot({ path: join(ROOT, 'docs', size.shot) });
-      console.log(`${size.name} screenshot: docs/${size.shot}`);
+      const dir = process.env.UPDATE_SCREENSHOTS === '1' ? join(ROOT, 'docs') : join(ROOT, 'target', 'screenshots');
+      mkdirSync(dir, { recursive: true });
+      await page.screenshot({ path: join(dir, size.shot) });
+      console.log(`${size.name} screenshot: ${join(dir, size.shot)}`);
       await context.close();
     }
   } finally {

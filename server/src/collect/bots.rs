@@ -14,6 +14,15 @@
 //!   counted, no real browser filtered.
 //! - Judging is pure and never panics; a pattern that does not compile is skipped (and a unit
 //!   test fails, so a refresh cannot ship one silently).
+//! - [`BotFilter`] is what every counting path asks (hit, batch, badge, pixel, import): the
+//!   list behind a bounded cache of verdicts, judged by [`crate::core::classify::filter_reason`].
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::Mutex;
+
+use crate::core::filtered::Reason;
 
 /// The bundled pattern list (a JSON array of regular expressions).
 pub const PATTERNS_JSON: &str = include_str!("../../data/bots/isbot-patterns.json");
@@ -205,6 +214,57 @@ impl BotList {
     /// Patterns that did not compile.
     pub fn skipped(&self) -> &[String] {
         &self.skipped
+    }
+}
+
+/// User agents whose bot verdict is remembered (by a 64-bit hash: 16 bytes an entry, however
+/// long the agent).
+pub const BOT_VERDICTS: usize = 4096;
+
+/// The bot filter every counting path asks: the list, compiled once, behind a bounded cache of
+/// recent verdicts (the list is a large regex; agents repeat).
+pub struct BotFilter {
+    list: BotList,
+    verdicts: Mutex<HashMap<u64, bool>>,
+    hasher: RandomState,
+}
+
+impl BotFilter {
+    /// The filter of the bundled list.
+    pub fn bundled() -> Self {
+        Self::new(BotList::bundled())
+    }
+
+    pub fn new(list: BotList) -> Self {
+        Self {
+            list,
+            verdicts: Mutex::new(HashMap::new()),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// Why a view from `user_agent` is not counted, if it is not
+    /// ([`crate::core::classify::filter_reason`]: empty agents, and listed bots other than the
+    /// known image proxies).
+    pub fn reason(&self, user_agent: &str) -> Option<Reason> {
+        crate::core::classify::filter_reason(user_agent, |ua| self.is_bot(ua))
+    }
+
+    /// Whether `user_agent` is on the list (cached by hash for the most recent agents).
+    pub fn is_bot(&self, user_agent: &str) -> bool {
+        let key = self.hasher.hash_one(user_agent);
+        let cached = self.verdicts.lock().ok().and_then(|c| c.get(&key).copied());
+        if let Some(verdict) = cached {
+            return verdict;
+        }
+        let verdict = self.list.is_bot(user_agent);
+        if let Ok(mut cache) = self.verdicts.lock() {
+            if cache.len() >= BOT_VERDICTS {
+                cache.clear();
+            }
+            cache.insert(key, verdict);
+        }
+        verdict
     }
 }
 

@@ -19,27 +19,9 @@ use std::sync::Arc;
 use jiff::civil::Date;
 use tokio::sync::Mutex;
 
-use crate::collect::secrets::ServerSecret;
+use crate::collect::secrets::{ServerSecret, random_bytes};
 use crate::core::ids::{SiteId, VisitorKey};
 use crate::store::{SaltStore, StoreError};
-
-/// 32 random bytes from the operating system.
-pub fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut buf = [0u8; N];
-    // getrandom only fails where the OS has no entropy source at all; fall back to time noise
-    // rather than panic on a request path.
-    if getrandom::fill(&mut buf).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let h = blake3::hash(&t.to_le_bytes());
-        for (b, s) in buf.iter_mut().zip(h.as_bytes().iter().cycle()) {
-            *b = *s;
-        }
-    }
-    buf
-}
 
 /// Hashes request sources with the salt of the current UTC day.
 pub struct SourceHasher {

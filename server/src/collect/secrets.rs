@@ -38,7 +38,7 @@ impl Secret {
     /// Whether `given` equals this secret, in time independent of both values and lengths
     /// (both are hashed to 32 bytes, whose comparison is constant-time).
     pub fn matches(&self, given: &str) -> bool {
-        blake3::hash(given.as_bytes()) == blake3::hash(self.0.as_bytes())
+        constant_time_eq(given, &self.0)
     }
 
     /// Whether the value is empty.
@@ -191,7 +191,7 @@ impl ServerSecret {
                 Ok(Self::derive(&text))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let fresh: String = crate::collect::privacy::random_bytes::<32>()
+                let fresh: String = random_bytes::<32>()
                     .iter()
                     .map(|b| format!("{b:02x}"))
                     .collect();
@@ -248,6 +248,32 @@ fn warn_if_readable_by_others(path: &Path) {
 
 #[cfg(not(unix))]
 fn warn_if_readable_by_others(_: &Path) {}
+
+/// `N` random bytes from the operating system.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut buf = [0u8; N];
+    // getrandom only fails where the OS has no entropy source at all; fall back to time noise
+    // rather than panic on a request path.
+    if getrandom::fill(&mut buf).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let h = blake3::hash(&t.to_le_bytes());
+        for (b, s) in buf.iter_mut().zip(h.as_bytes().iter().cycle()) {
+            *b = *s;
+        }
+    }
+    buf
+}
+
+/// Whether two secrets are equal, in time that depends on neither their content nor their
+/// lengths: both are hashed to 32 bytes first, and the digests compared without branching.
+pub fn constant_time_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (blake3::hash(a.as_bytes()), blake3::hash(b.as_bytes()));
+    // blake3's `Hash` equality is constant-time.
+    a == b
+}
 
 #[cfg(test)]
 mod tests {

@@ -132,6 +132,30 @@ impl View {
         }
     }
 
+    /// A line of an imported log or export (`tally import`): its event id made from the line
+    /// by the caller, no visitor id (the caller hashes the line's source), and the operator's
+    /// authority (dedupe keys are not scoped to a visitor).
+    pub fn imported(
+        site: &SiteId,
+        zone: &SiteZone,
+        kind: HitKind,
+        page: PagePath,
+        event_id: EventId,
+        referrer: Option<String>,
+    ) -> Self {
+        Self {
+            day: zone.day_of(event_id.time()),
+            site: site.clone(),
+            source: Source::Web,
+            kind,
+            page,
+            event_id,
+            referrer,
+            client_visitor: None,
+            keyed: true,
+        }
+    }
+
     /// The event's instant.
     pub fn at(&self) -> Timestamp {
         self.event_id.time()

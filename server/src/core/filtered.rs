@@ -29,15 +29,19 @@ pub enum Reason {
     /// Over the sender's address allowance: a badge or pixel served without counting, or a
     /// hit answered 429 (the snippet retries those later, and then they may count).
     RateLimited,
+    /// A hit, batch record or pixel fetch sent from a page whose origin is not one of the
+    /// site's allowed origins (answered 403 `origin_not_allowed`).
+    OriginNotAllowed,
 }
 
 impl Reason {
     /// Every reason, in the order they are shown.
-    pub const ALL: [Reason; 4] = [
+    pub const ALL: [Reason; 5] = [
         Reason::Bot,
         Reason::EmptyUserAgent,
         Reason::Suppressed,
         Reason::RateLimited,
+        Reason::OriginNotAllowed,
     ];
 
     /// The stable name used in JSON, metrics and the dashboard.
@@ -47,6 +51,7 @@ impl Reason {
             Reason::EmptyUserAgent => "empty_user_agent",
             Reason::Suppressed => "suppressed",
             Reason::RateLimited => "rate_limited",
+            Reason::OriginNotAllowed => "origin_not_allowed",
         }
     }
 
@@ -57,6 +62,7 @@ impl Reason {
             Reason::EmptyUserAgent => 2,
             Reason::Suppressed => 3,
             Reason::RateLimited => 4,
+            Reason::OriginNotAllowed => 5,
         }
     }
 
@@ -75,6 +81,7 @@ pub struct FilteredCounts {
     pub empty_user_agent: u64,
     pub suppressed: u64,
     pub rate_limited: u64,
+    pub origin_not_allowed: u64,
 }
 
 impl FilteredCounts {
@@ -85,6 +92,7 @@ impl FilteredCounts {
             Reason::EmptyUserAgent => &mut self.empty_user_agent,
             Reason::Suppressed => &mut self.suppressed,
             Reason::RateLimited => &mut self.rate_limited,
+            Reason::OriginNotAllowed => &mut self.origin_not_allowed,
         };
         *slot = slot.saturating_add(n);
     }
@@ -96,6 +104,7 @@ impl FilteredCounts {
             Reason::EmptyUserAgent => self.empty_user_agent,
             Reason::Suppressed => self.suppressed,
             Reason::RateLimited => self.rate_limited,
+            Reason::OriginNotAllowed => self.origin_not_allowed,
         }
     }
 

@@ -138,6 +138,18 @@ impl VisitorKey {
 /// 512 bytes hold 56 percent-encoded CJK characters, more than real slugs use.
 pub const MAX_PAGE_BYTES: usize = 512;
 
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+pub fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
 /// `path` cut to at most `max` bytes, never inside a `%XX` escape (a URL path is ASCII).
 pub fn cap_path(path: &str, max: usize) -> &str {
     if path.len() <= max {

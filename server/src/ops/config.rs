@@ -627,6 +627,35 @@ impl ServeConfig {
         }
     }
 
+    /// What the counting pipeline is built from.
+    pub fn collect_options(&self) -> crate::collect::CollectOptions {
+        crate::collect::CollectOptions {
+            window: self.window,
+            live_window_secs: self.live_window_secs,
+        }
+    }
+
+    /// What the HTTP routes are built from.
+    pub fn edge_options(&self) -> crate::edge::http::EdgeOptions {
+        crate::edge::http::EdgeOptions {
+            trusted_proxies: self.trusted_proxies.clone(),
+            proxy_header: self.proxy_header,
+            stats_concurrency: self.stats_concurrency,
+            batch_concurrency: self.batch_concurrency,
+            ingest_capacity: self.ingest.capacity,
+            live_window_secs: self.live_window_secs,
+        }
+    }
+
+    /// The credentials.
+    pub fn auth_options(&self) -> crate::edge::http::auth::AuthOptions {
+        crate::edge::http::auth::AuthOptions {
+            admin_token: self.admin_token.clone(),
+            metrics_token: self.metrics_token.clone(),
+            session_lifetime: self.session_lifetime,
+        }
+    }
+
     /// What the shared state is built from.
     pub fn state_options(&self) -> crate::state::StateOptions {
         crate::state::StateOptions {

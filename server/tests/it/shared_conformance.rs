@@ -370,16 +370,7 @@ mod on_redis {
 
     /// The Redis URL of the test environment, if set.
     pub fn url() -> Option<String> {
-        let url = std::env::var("TALLY_TEST_REDIS")
-            .ok()
-            .filter(|u| !u.is_empty());
-        if url.is_none() {
-            eprintln!(
-                "SKIPPED: the Redis shared-state checks need TALLY_TEST_REDIS \
-                 (e.g. redis://127.0.0.1:6379); .ci/run sets it"
-            );
-        }
-        url
+        crate::support::redis_url()
     }
 
     impl Redis {

@@ -1436,22 +1436,10 @@ pub(crate) mod postgres {
 
     impl Db {
         pub(crate) fn new() -> Option<Self> {
-            match std::env::var("TALLY_TEST_POSTGRES") {
-                Ok(url) if !url.is_empty() => Some(Self {
-                    url,
-                    schema: format!("tally_test_{}", uuid::Uuid::new_v4().simple()),
-                }),
-                _ => {
-                    // Straight to the stream, past the test harness's capture: loud in any run.
-                    use std::io::Write as _;
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "SKIPPED: set TALLY_TEST_POSTGRES=postgres://user@host:port/db to run \
-                         the PostgreSQL store tests"
-                    );
-                    None
-                }
-            }
+            crate::support::postgres_url().map(|url| Self {
+                url,
+                schema: format!("tally_test_{}", uuid::Uuid::new_v4().simple()),
+            })
         }
 
         /// The URL of the test schema, for another process (created here if missing).

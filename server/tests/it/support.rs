@@ -336,7 +336,6 @@ impl Binary {
     }
 }
 
-/// The test Redis (`TALLY_TEST_REDIS`), or a loud "SKIPPED" and `None` when it is unset.
 /// The value of the metric line `name` (with its labels, if any) in a `/metrics` text.
 pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     text.lines()
@@ -344,27 +343,34 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// The test PostgreSQL (`TALLY_TEST_POSTGRES`), or a loud "SKIPPED" and `None` when unset.
-pub fn postgres_url() -> Option<String> {
-    let url = std::env::var("TALLY_TEST_POSTGRES")
-        .ok()
-        .filter(|u| !u.is_empty());
+/// The URL of a service the tests need from the environment variable `var`. Unset: a loud
+/// "SKIPPED" on stderr (past the test harness's capture) and `None`, except under `CI=true`,
+/// where a missing service is a failure, never a skip.
+pub fn service_url(var: &str, example: &str) -> Option<String> {
+    let url = std::env::var(var).ok().filter(|u| !u.is_empty());
     if url.is_none() {
-        eprintln!(
-            "SKIPPED: set TALLY_TEST_POSTGRES (e.g. postgres://postgres@127.0.0.1:5432/test); .ci/run sets it"
+        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+        assert!(!ci, "CI=true but {var} is not set (e.g. {example}): this test must run in CI");
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: set {var} (e.g. {example}) to run this test; .ci/run sets it"
         );
     }
     url
 }
 
+/// The test PostgreSQL (`TALLY_TEST_POSTGRES`), see [`service_url`].
+pub fn postgres_url() -> Option<String> {
+    service_url(
+        "TALLY_TEST_POSTGRES",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+/// The test Redis (`TALLY_TEST_REDIS`), see [`service_url`].
 pub fn redis_url() -> Option<String> {
-    let url = std::env::var("TALLY_TEST_REDIS")
-        .ok()
-        .filter(|u| !u.is_empty());
-    if url.is_none() {
-        eprintln!("SKIPPED: set TALLY_TEST_REDIS (e.g. redis://127.0.0.1:6379); .ci/run sets it");
-    }
-    url
+    service_url("TALLY_TEST_REDIS", "redis://127.0.0.1:6379")
 }
 
 /// Delete every Redis key under `prefix` (a test's own); returns how many there were.

@@ -28,7 +28,6 @@ use jiff::Timestamp;
 use crate::collect::secrets::{Secret, ServerSecret};
 use crate::core::net::ClientNet;
 use crate::core::session::SessionKey;
-use crate::ops::config::ServeConfig;
 use crate::state::RateLimiter;
 use crate::state::limits::Refusal;
 
@@ -61,10 +60,21 @@ pub struct Auth {
     limits: Arc<dyn RateLimiter>,
 }
 
+/// The credentials of `tally serve`.
+#[derive(Clone, Default)]
+pub struct AuthOptions {
+    /// The admin token (dashboards, stats of private sites).
+    pub admin_token: Option<Secret>,
+    /// The bearer token `/metrics` requires, if any.
+    pub metrics_token: Option<Secret>,
+    /// How long a dashboard sign-in lasts.
+    pub session_lifetime: std::time::Duration,
+}
+
 impl Auth {
     /// Credentials as configured; the session key is derived from the token and `secret`;
     /// wrong guesses are counted by `limits`.
-    pub fn new(config: &ServeConfig, secret: &ServerSecret, limits: Arc<dyn RateLimiter>) -> Self {
+    pub fn new(config: &AuthOptions, secret: &ServerSecret, limits: Arc<dyn RateLimiter>) -> Self {
         let session = config.admin_token.as_ref().map(|t| {
             SessionKey::new(
                 secret.derive_key("tally 2026-12 admin session v1", t.expose().as_bytes()),
@@ -231,6 +241,7 @@ fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::config::ServeConfig;
     use axum::http::HeaderValue;
 
     const TOKEN: &str = "a-long-admin-token-0123";
@@ -248,7 +259,11 @@ mod tests {
         let mut config = ServeConfig::for_db("/tmp/unused.sqlite");
         config.admin_token = Some(TOKEN.into());
         config.metrics_token = Some("metrics-token-0123456".into());
-        Auth::new(&config, &ServerSecret::from_bytes([1; 32]), limits(&config))
+        Auth::new(
+            &config.auth_options(),
+            &ServerSecret::from_bytes([1; 32]),
+            limits(&config),
+        )
     }
 
     fn net(last: u8) -> ClientNet {
@@ -318,7 +333,11 @@ mod tests {
             .expect("right");
         let mut config = ServeConfig::for_db("/tmp/unused.sqlite");
         config.admin_token = Some(TOKEN.into());
-        let other_secret = Auth::new(&config, &ServerSecret::from_bytes([2; 32]), limits(&config));
+        let other_secret = Auth::new(
+            &config.auth_options(),
+            &ServerSecret::from_bytes([2; 32]),
+            limits(&config),
+        );
         assert_eq!(
             other_secret
                 .is_admin(&with_cookie(&cookie), net(1), at(T0))
@@ -326,7 +345,11 @@ mod tests {
             Ok(false)
         );
         config.admin_token = Some("another-admin-token-456".into());
-        let other_token = Auth::new(&config, &ServerSecret::from_bytes([1; 32]), limits(&config));
+        let other_token = Auth::new(
+            &config.auth_options(),
+            &ServerSecret::from_bytes([1; 32]),
+            limits(&config),
+        );
         assert_eq!(
             other_token
                 .is_admin(&with_cookie(&cookie), net(1), at(T0))

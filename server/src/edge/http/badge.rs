@@ -3,9 +3,8 @@
 //!
 //! Neither request carries a visitor id, so the visitor is the keyed hash of the source (see
 //! `privacy`), and repeated fetches from one source of the same page within the configured
-//! interval count once ([`crate::core::suppress`], behind [`crate::state::RepeatGate`]). What a
-//! fetch counts as (filter, visitor day, repeat key, record, live rule) is decided by
-//! [`crate::core::classify`], shared with the hit endpoints. Badge views are stored with their own
+//! interval count once ([`crate::core::suppress`], behind [`crate::state::RepeatGate`]). Both
+//! go through the same counting pipeline as a hit ([`crate::collect::Collector`]). Badge views are stored with their own
 //! source and shown by the larger-source rule ([`crate::core::counts`]); pixel views count as
 //! web views, since the pixel only loads where the script could not run.
 //!
@@ -18,6 +17,7 @@
 //! `HEAD` never counts, and neither a display-only badge nor a `HEAD` creates a site.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -27,14 +27,11 @@ use tally_wire::ErrorBody;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::hit::{Sender, filter_reason, observe};
 use super::{ApiError, AppState, SiteSegment};
-use crate::collect::privacy::random_bytes;
+use crate::collect::{Counted, Sender};
 use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
-use crate::core::classify::{Lane, View};
 use crate::core::counts::present;
-use crate::core::filtered::Reason;
-use crate::core::ids::{EventId, PagePath};
+use crate::core::ids::PagePath;
 use crate::core::record::Source;
 use crate::store::Site;
 
@@ -76,55 +73,21 @@ impl ViewStatus {
 /// Count one view of `page` made by the server on behalf of a source without a visitor id.
 async fn count_view(
     state: &AppState,
-    site: &Site,
+    site: Arc<Site>,
     page: &PagePath,
     source: Source,
     sender: &Sender,
 ) -> Result<ViewStatus, ApiError> {
-    if let Some(reason) = filter_reason(state, sender) {
-        state.not_counted(&site.id, &site.zone, reason, 1);
-        state.metrics.hit("filtered");
-        return Ok(ViewStatus::Filtered);
-    }
-    let now = state.clock.now();
-    let view = View::server_side(
-        &site.id,
-        &site.zone,
-        page.clone(),
-        source,
-        EventId::new_at(now, random_bytes()),
-    );
-    let visitor = state
-        .hasher
-        .source_key(view.day(), &site.id, sender.ip, &sender.user_agent)
+    let counted = state
+        .collect
+        .count_server_view(site, page, source, sender)
         .await?;
-    let lane = Lane::of(&sender.user_agent);
-    let key = view.repeat_key(lane, sender.net, &visitor);
-    if !state.repeats.admit(lane, key, now.as_millisecond()).await {
-        state.not_counted(&site.id, &site.zone, Reason::Suppressed, 1);
-        state.metrics.hit("suppressed");
-        return Ok(ViewStatus::Suppressed);
-    }
-    if state
-        .limits
-        .admit(lane, sender.net, &site.id, 1, now)
-        .await
-        .is_err()
-    {
-        state.not_counted(&site.id, &site.zone, Reason::RateLimited, 1);
-        state.metrics.hit("suppressed");
-        return Ok(ViewStatus::RateLimited);
-    }
-    let record = view.into_record(visitor);
-    let outcome = state.ingest.submit(vec![record.clone()]).await?;
-    let outcome = outcome
-        .first()
-        .copied()
-        .unwrap_or(crate::core::record::Outcome::Duplicate);
-    observe(state, &record, outcome).await;
-    Ok(match outcome {
-        crate::core::record::Outcome::Accepted => ViewStatus::Accepted,
-        crate::core::record::Outcome::Duplicate => ViewStatus::Duplicate,
+    Ok(match counted {
+        Counted::Accepted => ViewStatus::Accepted,
+        Counted::Duplicate => ViewStatus::Duplicate,
+        Counted::Filtered => ViewStatus::Filtered,
+        Counted::Suppressed => ViewStatus::Suppressed,
+        Counted::RateLimited => ViewStatus::RateLimited,
     })
 }
 
@@ -336,15 +299,25 @@ async fn badge(
     let short = p.short;
     let counted_page = page.clone().unwrap_or_else(PagePath::root);
     let (site, status) = if counting {
-        let sender = Sender::from_request(&state, peer, &headers);
+        let sender = state.sender(peer, &headers);
         let site = state
-            .sites
-            .for_counting(&site_id, None, sender.net, state.clock.now())
+            .collect
+            .site_for_counting(&site_id, None, sender.net, state.clock.now())
             .await?;
-        let status = count_view(&state, &site, &counted_page, Source::Badge, &sender).await?;
+        let status = count_view(
+            &state,
+            Arc::clone(&site),
+            &counted_page,
+            Source::Badge,
+            &sender,
+        )
+        .await?;
         (site, status)
     } else {
-        (state.sites.get(&site_id).await?, ViewStatus::NotCounted)
+        (
+            state.collect.sites.get(&site_id).await?,
+            ViewStatus::NotCounted,
+        )
     };
     let now = state.clock.now();
     let raw = state
@@ -504,15 +477,19 @@ async fn pixel(
     // An <img> sends no Origin; the embedding page's origin is checked when the Referer says it.
     let origin = referer.as_ref().map(|u| u.origin().ascii_serialization());
     let status = if method == Method::HEAD {
-        state.sites.for_origin(&site_id, origin.as_deref()).await?;
+        state
+            .collect
+            .sites
+            .for_origin(&site_id, origin.as_deref())
+            .await?;
         ViewStatus::NotCounted
     } else {
-        let sender = Sender::from_request(&state, peer, &headers);
+        let sender = state.sender(peer, &headers);
         let site = state
-            .sites
-            .for_counting(&site_id, origin.as_deref(), sender.net, state.clock.now())
+            .collect
+            .site_for_counting(&site_id, origin.as_deref(), sender.net, state.clock.now())
             .await?;
-        count_view(&state, &site, &page, Source::Web, &sender).await?
+        count_view(&state, site, &page, Source::Web, &sender).await?
     };
     let mut response = ([(header::CONTENT_TYPE, "image/gif")], PIXEL).into_response();
     response

@@ -73,7 +73,11 @@ async fn counts(
         Some(p) => PagePath::parse(p)
             .map_err(|_| ApiError::bad("invalid_page", "page must be a path starting with /"))?,
     };
-    let site = state.sites.for_origin(&site_id, origin(&headers)).await?;
+    let site = state
+        .collect
+        .sites
+        .for_origin(&site_id, origin(&headers))
+        .await?;
     Ok(Json(counts_for(&state, &site, &page).await?))
 }
 
@@ -106,7 +110,7 @@ pub async fn live_of_page(
     page: Option<&PagePath>,
     now_ms: i64,
 ) -> Live {
-    let n = state.live.read(site, page, now_ms).await;
+    let n = state.collect.live.read(site, page, now_ms).await;
     Live {
         events: n.events,
         visitors: n.visitors,

@@ -142,7 +142,7 @@ async fn authorised(
     headers: &HeaderMap,
 ) -> Result<(Site, bool), ApiError> {
     let id = super::site_id(raw)?;
-    let site = state.sites.get(&id).await.map_err(|e| match e {
+    let site = state.collect.sites.get(&id).await.map_err(|e| match e {
         crate::collect::sites::SiteError::Unknown(_) => {
             ApiError::NotFound(format!("no site {raw:?}"))
         }
@@ -544,6 +544,10 @@ fn filtered_rows(counts: &FilteredCounts) -> Vec<FilteredRowView> {
                     "Over the rate limit",
                     "Over the sender's address allowance (hits answered 429 may be retried and counted later)",
                 ),
+                Reason::OriginNotAllowed => (
+                    "Refused origin",
+                    "Sent from a page whose origin is not one of the site's allowed origins (the log names it; add it with tally site add --origin)",
+                ),
             };
             FilteredRowView {
                 reason: r.name(),
@@ -798,7 +802,7 @@ async fn page(
         filtered: filtered_rows(&not_counted),
         filtered_total: not_counted.total(),
         public: site.public,
-        live_window: state.config.live_window_secs,
+        live_window: state.options.live_window_secs,
         signed_in,
         ignore_url: site
             .origins

@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tally_wire::ErrorBody;
 
+use crate::collect::Refused;
 use crate::collect::ingest::IngestError;
 use crate::collect::sites::SiteError;
 use crate::core::hit::HitError;
@@ -198,6 +199,20 @@ impl From<SiteError> for ApiError {
                 message: e.to_string(),
             },
             SiteError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<Refused> for ApiError {
+    fn from(e: Refused) -> Self {
+        match e {
+            Refused::Invalid(e) => e.into(),
+            Refused::Site(e) => e.into(),
+            Refused::InvalidIngestKey { site } => ApiError::InvalidIngestKey { site },
+            Refused::RateLimited { retry_after } => ApiError::RateLimited { retry_after },
+            Refused::OverAllowance { allowance } => ApiError::OverAllowance { allowance },
+            Refused::Ingest(e) => e.into(),
+            Refused::Store(e) => e.into(),
         }
     }
 }

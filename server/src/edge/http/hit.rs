@@ -1,20 +1,15 @@
 //! `POST /api/v1/hit` and `POST /api/v1/events`: parse, validate, filter, queue, answer after
 //! commit.
 //!
-//! The one flow for every record: cost bounded first (content type, `Content-Length`, the
-//! sender's address allowance, a batch slot) → body (at most 8 KiB / 4 MiB) → wire `Hit` (a
-//! batch is split into at most 500 raw records without building them: a longer array is
-//! refused as soon as its 501st element is seen) → [`ValidHit`] (400 with a code) → site and
-//! origin (403; auto-sites creates here) → lane: the site's ingest key (no address limits) or
-//! the sender's address limits (429 with `Retry-After`, or 400 `batch_over_allowance` when no
-//! wait could help) → bot filter (`filtered`, not counted) → visitor key (client id, or a keyed
-//! hash of the source) → [`Record`] with its local day → ingest queue → commit → outcome.
-//! What a hit counts as (filter, visitor day, dedupe scoping, the live rule) is decided by
-//! [`crate::core::classify`], shared with the badge and pixel; this module gathers inputs.
+//! The edge's part: content type and `Content-Length` before the body, the body (at most 8 KiB
+//! / 4 MiB), the wire `Hit` (a batch is split into at most 500 raw records without building
+//! them: a longer array is refused as soon as its 501st element is seen), a batch slot, then
+//! the counting pipeline ([`crate::collect::Collector`]: check, filter, visitor, limit, commit, observe) and
+//! its outcome or refusal as the answer.
 //!
 //! Dedupe keys of custom events: a sender with the site's ingest key sets site-wide keys (the
 //! shop's server says `order_1001` once for the whole site); any other sender's key is scoped
-//! to its visitor ([`DedupeKey::scoped_to`]), so an anonymous client cannot pre-claim a key. A
+//! to its visitor (`DedupeKey::scoped_to`), so an anonymous client cannot pre-claim a key. A
 //! wrong ingest key is a throttled guess (see `edge::http::auth`).
 
 use std::net::SocketAddr;
@@ -35,15 +30,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::json_error;
-use super::{ApiError, AppState, MAX_USER_AGENT_BYTES, check_content_type, origin, read_body};
-use crate::core::classify::{View, live_entry};
-use crate::core::filtered::Reason;
-use crate::core::hit::ValidHit;
-use crate::core::ids::{PagePath, SiteId};
-use crate::core::net::ClientNet;
-use crate::core::record::{Outcome, Record};
-use crate::state::limits::{Lane, Refusal};
-use crate::store::Site;
+use super::{ApiError, AppState, check_content_type, read_body};
+use crate::collect::{Counted, Sender};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -85,168 +73,8 @@ async fn events_preflight() -> Response {
     super::preflight().await
 }
 
-/// What the request says about its sender.
-pub struct Sender {
-    pub ip: std::net::IpAddr,
-    /// The network the sender's requests are limited by.
-    pub net: ClientNet,
-    /// The user agent, cut to [`MAX_USER_AGENT_BYTES`].
-    pub user_agent: String,
-    pub origin: Option<String>,
-    /// An `Authorization: Bearer` value: a site's ingest key, if the sender is the site's server.
-    pub bearer: Option<String>,
-}
-
-impl Sender {
-    /// Read the sender from a request.
-    pub fn from_request(state: &AppState, peer: SocketAddr, headers: &HeaderMap) -> Self {
-        let ip = state.client_ip(peer, headers);
-        Self {
-            ip,
-            net: ClientNet::of(ip),
-            user_agent: super::truncate(
-                headers
-                    .get(header::USER_AGENT)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default(),
-                MAX_USER_AGENT_BYTES,
-            )
-            .to_owned(),
-            origin: origin(headers).map(str::to_owned),
-            bearer: headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(|v| v.trim().to_owned()),
-        }
-    }
-
-    /// Whether this sender holds `site`'s ingest key (compared in constant time).
-    pub fn has_key_of(&self, site: &Site) -> bool {
-        match (&self.bearer, &site.ingest_key) {
-            (Some(given), Some(key)) => super::constant_time_eq(given, key),
-            _ => false,
-        }
-    }
-}
-
-/// Why a record is not counted although it is valid ([`crate::core::classify::filter_reason`]
-/// with this app's bot list).
-pub fn filter_reason(state: &AppState, sender: &Sender) -> Option<Reason> {
-    crate::core::classify::filter_reason(&sender.user_agent, |ua| state.is_bot(ua))
-}
-
-/// A record ready for the queue, or filtered; both with the site and page they belong to.
-enum Prepared {
-    Record(Box<Record>, Arc<Site>),
-    Filtered(Arc<Site>, PagePath),
-}
-
-/// A valid hit and its site, with the lane it is charged to.
-struct Checked {
-    valid: ValidHit,
-    site: Arc<Site>,
-    /// The sender holds the site's ingest key: no address limits.
-    keyed: bool,
-}
-
-/// Validate a hit and find (or, with auto-sites, create) its site; decide its lane.
-async fn check(
-    state: &AppState,
-    hit: &Hit,
-    sender: &Sender,
-    now: jiff::Timestamp,
-) -> Result<Checked, ApiError> {
-    let valid = ValidHit::parse(hit, now, state.config.window)?;
-    let site = state
-        .sites
-        .for_counting(&valid.site, sender.origin.as_deref(), sender.net, now)
-        .await?;
-    let keyed = sender.has_key_of(&site);
-    if sender.bearer.is_some() && !keyed {
-        state.auth.failed_guess(sender.net, now).await;
-        return Err(ApiError::InvalidIngestKey {
-            site: site.id.to_string(),
-        });
-    }
-    Ok(Checked { valid, site, keyed })
-}
-
-/// Filter and key a checked hit into a record.
-async fn prepare(
-    state: &AppState,
-    checked: Checked,
-    sender: &Sender,
-) -> Result<Prepared, ApiError> {
-    let Checked { valid, site, keyed } = checked;
-    if let Some(reason) = filter_reason(state, sender) {
-        state.not_counted(&site.id, &site.zone, reason, 1);
-        return Ok(Prepared::Filtered(site, valid.page));
-    }
-    let view = View::from_hit(valid, &site.zone, keyed);
-    let visitor = match view.client_visitor() {
-        Some(v) => v,
-        None => {
-            state
-                .hasher
-                .source_key(view.day(), &view.site, sender.ip, &sender.user_agent)
-                .await?
-        }
-    };
-    Ok(Prepared::Record(Box::new(view.into_record(visitor)), site))
-}
-
-/// After commit: metrics and the live window ([`live_entry`] decides what is live).
-pub async fn observe(state: &AppState, record: &Record, outcome: Outcome) {
-    match outcome {
-        Outcome::Duplicate => state.metrics.hit("duplicate"),
-        Outcome::Accepted => {
-            state.metrics.hit("accepted");
-            let now = state.clock.now().as_millisecond();
-            if let Some(entry) = live_entry(record, now, state.config.live_window_secs) {
-                state.live.record(&entry, now).await;
-            }
-        }
-    }
-}
-
-/// The sender's address allowance for the unkeyed records of a request: one record per site
-/// mentioned (a batch may mix sites), all charged or none.
-async fn admit(
-    state: &AppState,
-    sender: &Sender,
-    sites: &[&SiteId],
-    now: jiff::Timestamp,
-) -> Result<(), ApiError> {
-    let mut per_site: Vec<(&SiteId, u32)> = Vec::new();
-    for site in sites {
-        match per_site.iter_mut().find(|(s, _)| s == site) {
-            Some((_, n)) => *n += 1,
-            None => per_site.push((site, 1)),
-        }
-    }
-    if per_site.is_empty() {
-        return Ok(());
-    }
-    state
-        .limits
-        .admit_many(Lane::Direct, sender.net, &per_site, now)
-        .await
-        .map_err(refused)
-}
-
-/// A limit refusal as an answer.
-pub fn refused(refusal: Refusal) -> ApiError {
-    match refusal {
-        Refusal::Wait(wait) => ApiError::RateLimited {
-            retry_after: wait.as_secs().max(1),
-        },
-        Refusal::Never { allowance } => ApiError::OverAllowance { allowance },
-    }
-}
-
-/// Before reading a body: refuse at once a sender with no allowance left (unless it presents
-/// an ingest key, which is checked after parsing), and a declared length over `limit`.
+/// Before reading a body: refuse a content type other than JSON or text, a declared length
+/// over `limit`, and a sender the pipeline refuses at once ([`Collector::precheck`]).
 async fn precheck(
     state: &AppState,
     sender: &Sender,
@@ -262,29 +90,16 @@ async fn precheck(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::TooLarge { limit });
     }
-    if sender.bearer.is_none() {
-        state
-            .limits
-            .has_room(Lane::Direct, sender.net, now)
-            .await
-            .map_err(refused)?;
-    } else {
-        // A key guesser that used up its wrong guesses is refused before its key is compared.
-        state
-            .auth
-            .before_guess(sender.net, now)
-            .await
-            .map_err(|t| ApiError::RateLimited {
-                retry_after: t.retry_after,
-            })?;
-    }
-    Ok(())
+    Ok(state.collect.precheck(sender, now).await?)
 }
 
-fn status_of(outcome: Outcome) -> Status {
-    match outcome {
-        Outcome::Accepted => Status::Accepted,
-        Outcome::Duplicate => Status::Duplicate,
+/// The wire status of what a record ended as.
+fn status_of(counted: Counted) -> Status {
+    match counted {
+        Counted::Accepted => Status::Accepted,
+        Counted::Duplicate => Status::Duplicate,
+        // A hit refused by the limits is refused as a whole: neither is a hit's answer.
+        Counted::Filtered | Counted::Suppressed | Counted::RateLimited => Status::Filtered,
     }
 }
 
@@ -375,32 +190,18 @@ async fn hit(
     let (parts, body) = request.into_parts();
     let (headers, query) = (parts.headers, parts.uri.query());
     let run = async {
-        let sender = Sender::from_request(&state, peer, &headers);
+        let sender = state.sender(peer, &headers);
         let now = state.clock.now();
         precheck(&state, &sender, &headers, MAX_HIT_BYTES, now).await?;
         let bytes = read_body(body, MAX_HIT_BYTES).await?;
         let hit: Hit = parse_body(&bytes)?;
-        let checked = check(&state, &hit, &sender, now).await?;
-        if !checked.keyed {
-            admit(&state, &sender, &[&checked.valid.site], now)
-                .await
-                .inspect_err(|_| {
-                    let site = &checked.site;
-                    state.not_counted(&site.id, &site.zone, Reason::RateLimited, 1);
-                })?;
-        }
-        let (status, site, page) = match prepare(&state, checked, &sender).await? {
-            Prepared::Filtered(site, page) => {
-                state.metrics.hit("filtered");
-                (Status::Filtered, site, page)
-            }
-            Prepared::Record(record, site) => {
-                let outcome = state.ingest.submit(vec![(*record).clone()]).await?;
-                let outcome = outcome.first().copied().unwrap_or(Outcome::Duplicate);
-                observe(&state, &record, outcome).await;
-                (status_of(outcome), site, record.page)
-            }
-        };
+        let checked = state.collect.check(&hit, &sender, now).await?;
+        let (site, page) = (Arc::clone(&checked.site), checked.valid.page.clone());
+        let counted = state
+            .collect
+            .count_hits(vec![checked], &sender, now)
+            .await?;
+        let status = status_of(counted.first().copied().unwrap_or(Counted::Duplicate));
         let counts = match wants_counts(query) {
             true => Some(super::counts::counts_for(&state, &site, &page).await?),
             false => None,
@@ -503,7 +304,7 @@ async fn events(
     body: Body,
 ) -> Result<Json<BatchResponse>, ApiError> {
     let run = async {
-        let sender = Sender::from_request(&state, peer, &headers);
+        let sender = state.sender(peer, &headers);
         let now = state.clock.now();
         precheck(&state, &sender, &headers, MAX_BATCH_BYTES, now).await?;
         // At most `--batch-concurrency` bodies of up to 4 MiB are held and parsed at once.
@@ -525,7 +326,11 @@ async fn events(
         for raw in batch.events.0 {
             let event_id = event_id_of(raw);
             let outcome = match serde_json::from_str::<Hit>(raw.get()) {
-                Ok(hit) => check(&state, &hit, &sender, now).await,
+                Ok(hit) => state
+                    .collect
+                    .check(&hit, &sender, now)
+                    .await
+                    .map_err(ApiError::from),
                 Err(e) => Err(json_error(&e)),
             };
             match outcome {
@@ -554,41 +359,12 @@ async fn events(
                 }
             }
         }
-        let unkeyed: Vec<&SiteId> = checked
-            .iter()
-            .filter(|(_, c)| !c.keyed)
-            .map(|(_, c)| &c.valid.site)
-            .collect();
-        admit(&state, &sender, &unkeyed, now)
-            .await
-            .inspect_err(|_| {
-                for (_, c) in checked.iter().filter(|(_, c)| !c.keyed) {
-                    state.not_counted(&c.site.id, &c.site.zone, Reason::RateLimited, 1);
-                }
-            })?;
-        let mut records = Vec::new();
-        let mut slots = Vec::new();
-        for (slot, c) in checked {
-            match prepare(&state, c, &sender).await? {
-                Prepared::Record(record, _) => {
-                    slots.push(slot);
-                    records.push(*record);
-                }
-                Prepared::Filtered(..) => {
-                    state.metrics.hit("filtered");
-                    results[slot].status = Status::Filtered;
-                }
+        let (slots, checked): (Vec<usize>, Vec<_>) = checked.into_iter().unzip();
+        if !checked.is_empty() {
+            let counted = state.collect.count_hits(checked, &sender, now).await?;
+            for (slot, counted) in slots.into_iter().zip(counted) {
+                results[slot].status = status_of(counted);
             }
-        }
-        if !records.is_empty() {
-            let outcomes = state.ingest.submit(records.clone()).await?;
-            // Observed together: with `--redis` the batch's live records share a pipeline.
-            let mut observed = Vec::with_capacity(records.len());
-            for ((slot, record), outcome) in slots.into_iter().zip(&records).zip(outcomes) {
-                observed.push(observe(&state, record, outcome));
-                results[slot].status = status_of(outcome);
-            }
-            futures_util::future::join_all(observed).await;
         }
         Ok(Json(BatchResponse { results }))
     };
@@ -598,7 +374,7 @@ async fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::hit::TimeWindow;
+    use crate::core::hit::{TimeWindow, ValidHit};
     use proptest::prelude::*;
 
     /// Any JSON value, a few levels deep.

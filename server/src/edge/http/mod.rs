@@ -17,9 +17,9 @@
 //! either documented (`documented()`) or a page (`pages()`: HTML, forms, static files), and
 //! no page is under `/api/`, `/badge/` or an operations path; a unit test enforces it.
 //!
-//! [`AppState`] holds the seams, not their implementations: the store (`Arc<dyn Store>`), and
-//! the live window, rate limiter, repeat gate and site cache behind the traits of
-//! [`crate::state`] (in-process implementations today).
+//! [`AppState`] holds the counting pipeline ([`crate::collect::Collector`]), the store for the
+//! read routes, the credentials and the edge's own bounds (stats and batch slots); handlers
+//! extract, call and answer.
 
 mod assets;
 pub mod auth;
@@ -34,10 +34,8 @@ mod openapi;
 mod ops;
 mod ui;
 
-use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Request;
@@ -49,35 +47,35 @@ use tower_http::set_header::SetResponseHeaderLayer;
 
 pub use error::ApiError;
 
-use crate::collect::bots::BotList;
-use crate::collect::ingest::Ingest;
-use crate::collect::privacy::SourceHasher;
-use crate::collect::secrets::ServerSecret;
-use crate::collect::sites::SiteRegistry;
+use crate::collect::Collector;
 use crate::core::clock::Clock;
-use crate::core::filtered::{FilterTally, FilteredCounts, Reason};
+use crate::core::filtered::FilteredCounts;
+use crate::core::forwarded::{ProxyHeader, TrustedProxies};
 use crate::core::ids::SiteId;
 use crate::core::net::ClientNet;
 use crate::metrics::Metrics;
-use crate::ops::config::ServeConfig;
 use crate::state::redis::RedisLink;
-use crate::state::{LiveState, RateLimiter, RepeatGate, SharedState};
 use crate::store::Store;
-
-/// User agents whose bot verdict is remembered (by a 64-bit hash: 16 bytes an entry, however
-/// long the agent).
-pub const BOT_VERDICTS: usize = 4096;
-
-/// Longest user agent looked at, in bytes: longer ones are judged (and hashed) by this prefix.
-/// Real browsers send 100–300 bytes; the header itself is bounded by the server's header limit.
-pub const MAX_USER_AGENT_BYTES: usize = 512;
 
 /// How long a stats request waits for a free reader slot before 503.
 const STATS_WAIT: Duration = Duration::from_secs(2);
 
-/// Most (site, day, reason) keys of views not counted held between two flushes (4 reasons ×
-/// 2 days × 50,000 sites; the flush runs every few seconds).
-const FILTER_TALLY_KEYS: usize = 400_000;
+/// What the edge needs to know of the settings of `tally serve`.
+#[derive(Debug, Clone)]
+pub struct EdgeOptions {
+    /// Proxies whose forwarding header is believed (empty: the peer is the client).
+    pub trusted_proxies: TrustedProxies,
+    /// The header those proxies write.
+    pub proxy_header: ProxyHeader,
+    /// Stats requests (dashboard, series, top) served at once.
+    pub stats_concurrency: usize,
+    /// Batch bodies read and parsed at once.
+    pub batch_concurrency: usize,
+    /// The ingest queue's capacity (`/readyz` says "not ready" when it is full).
+    pub ingest_capacity: usize,
+    /// Seconds an event stays in the live window (shown on the dashboard).
+    pub live_window_secs: u32,
+}
 
 /// Everything a handler needs, behind one `Arc`: axum clones the state for every request, and
 /// one reference count is cheaper than one per field (in a `perf` profile under the realistic
@@ -95,92 +93,53 @@ impl std::ops::Deref for AppState {
 
 /// The handles of [`AppState`].
 pub struct AppStateInner {
+    /// The counting pipeline: every counting route calls it.
+    pub collect: Arc<Collector>,
+    /// The store, for the read routes.
     pub store: Arc<dyn Store>,
-    pub ingest: Ingest,
-    pub sites: Arc<SiteRegistry>,
     pub clock: Arc<dyn Clock>,
-    pub config: Arc<ServeConfig>,
     pub metrics: Arc<Metrics>,
-    /// The live window (events of the last N seconds).
-    pub live: Arc<dyn LiveState>,
-    pub hasher: Arc<SourceHasher>,
-    /// The bot user-agent list, compiled once.
-    pub bots: Arc<BotList>,
+    pub options: EdgeOptions,
     /// Admin and metrics credentials, sessions, and the throttle on guessing them.
     pub auth: Arc<auth::Auth>,
-    /// Per-address limits of every counting route and of new sites.
-    pub limits: Arc<dyn RateLimiter>,
-    /// Badge and pixel repeat suppression (sources without a visitor id); known image proxies
-    /// have their own gate, per (proxy address, page) and one second.
-    pub repeats: Arc<dyn RepeatGate>,
-    /// Verdicts of recently seen user agents by hash (the list is a large regex; agents repeat).
-    bot_verdicts: Arc<Mutex<HashMap<u64, bool>>>,
-    /// Hashes user agents for the verdict cache.
-    ua_hasher: std::collections::hash_map::RandomState,
     /// Stats requests (dashboard, series, top) in flight at once.
     pub stats_slots: Arc<tokio::sync::Semaphore>,
     /// Each client network's share of the stats slots (half of them, at least one).
     stats_shares: Arc<crate::core::net::Shares>,
     /// Batch bodies being read and parsed at once.
     pub batch_slots: Arc<tokio::sync::Semaphore>,
-    /// Views not counted, by site, day and reason, until the next flush to the store.
-    pub filtered: Arc<Mutex<FilterTally>>,
     /// The Redis of the shared state (`--redis`), for its health in `/metrics` and `/readyz`.
     pub redis: Option<Arc<RedisLink>>,
 }
 
 impl AppState {
-    /// Build the state around a started ingest queue and the collector's shared state.
+    /// The state of the routes around a collector.
     pub fn new(
+        collect: Arc<Collector>,
         store: Arc<dyn Store>,
-        ingest: Ingest,
-        clock: Arc<dyn Clock>,
-        config: ServeConfig,
-        metrics: Arc<Metrics>,
-        secret: ServerSecret,
-        shared: SharedState,
+        auth: Arc<auth::Auth>,
+        options: EdgeOptions,
+        redis: Option<Arc<RedisLink>>,
     ) -> Self {
-        let SharedState {
-            live,
-            limits,
-            repeats,
-            sites,
-            redis,
-        } = shared;
         Self(Arc::new(AppStateInner {
-            sites: Arc::new(SiteRegistry::new(
-                store.clone(),
-                sites,
-                config.auto_sites,
-                config.max_sites,
-                Arc::clone(&limits),
-            )),
-            hasher: Arc::new(SourceHasher::new(store.clone(), secret.clone())),
-            auth: Arc::new(auth::Auth::new(&config, &secret, Arc::clone(&limits))),
-            live,
-            redis,
-            stats_slots: Arc::new(tokio::sync::Semaphore::new(config.stats_concurrency)),
-            stats_shares: crate::core::net::Shares::new(config.stats_concurrency.div_ceil(2)),
-            batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_concurrency)),
-            config: Arc::new(config),
-            bots: Arc::new(BotList::bundled()),
-            filtered: Arc::new(Mutex::new(FilterTally::new(FILTER_TALLY_KEYS))),
-            bot_verdicts: Arc::new(Mutex::new(HashMap::new())),
-            ua_hasher: std::collections::hash_map::RandomState::new(),
-            limits,
-            repeats,
+            clock: Arc::clone(&collect.clock),
+            metrics: Arc::clone(&collect.metrics),
+            stats_slots: Arc::new(tokio::sync::Semaphore::new(options.stats_concurrency)),
+            stats_shares: crate::core::net::Shares::new(options.stats_concurrency.div_ceil(2)),
+            batch_slots: Arc::new(tokio::sync::Semaphore::new(options.batch_concurrency)),
+            collect,
             store,
-            ingest,
-            clock,
-            metrics,
+            auth,
+            options,
+            redis,
         }))
     }
 
     /// The client's address: the peer, or behind a trusted proxy the rightmost untrusted hop
     /// of every line of the configured forwarding header.
     pub fn client_ip(&self, peer: SocketAddr, headers: &HeaderMap) -> IpAddr {
-        let header = self.config.proxy_header;
-        let lines: Vec<&str> = if self.config.trusted_proxies.contains(peer.ip()) {
+        let header = self.options.proxy_header;
+        let lines: Vec<&str> = if self.options.trusted_proxies.contains(peer.ip()) {
             headers
                 .get_all(header.name())
                 .iter()
@@ -192,7 +151,7 @@ impl AppState {
         };
         crate::core::forwarded::client_address(
             peer.ip(),
-            &self.config.trusted_proxies,
+            &self.options.trusted_proxies,
             header,
             lines.into_iter(),
         )
@@ -203,57 +162,19 @@ impl AppState {
         ClientNet::of(self.client_ip(peer, headers))
     }
 
-    /// Whether `user_agent` is on the bot list (cached by hash for the most recent agents;
-    /// only the first [`MAX_USER_AGENT_BYTES`] are looked at).
-    pub fn is_bot(&self, user_agent: &str) -> bool {
-        let user_agent = truncate(user_agent, MAX_USER_AGENT_BYTES);
-        let key = self.ua_hasher.hash_one(user_agent);
-        if let Some(verdict) = self
-            .bot_verdicts
-            .lock()
-            .ok()
-            .and_then(|c| c.get(&key).copied())
-        {
-            return verdict;
-        }
-        let verdict = self.bots.is_bot(user_agent);
-        if let Ok(mut cache) = self.bot_verdicts.lock() {
-            if cache.len() >= BOT_VERDICTS {
-                cache.clear();
-            }
-            cache.insert(key, verdict);
-        }
-        verdict
-    }
-
-    /// A view of `site` not counted for `reason` (`n` of them): in `/metrics` and in the
-    /// site's tally of what was dropped (dashboard, `/api/v1/sites/{site}/filtered`).
-    pub fn not_counted(
-        &self,
-        site: &SiteId,
-        zone: &crate::core::day::SiteZone,
-        reason: Reason,
-        n: u64,
-    ) {
-        let metric = match reason {
-            Reason::Suppressed => None,
-            other => Some(other.name()),
+    /// The sender of a counting request.
+    pub fn sender(&self, peer: SocketAddr, headers: &HeaderMap) -> crate::collect::Sender {
+        let text = |name| {
+            headers
+                .get(name)
+                .and_then(|v: &HeaderValue| v.to_str().ok())
         };
-        if let Some(reason) = metric {
-            self.metrics
-                .filtered
-                .get_or_create(&crate::metrics::ReasonLabel { reason })
-                .inc_by(n);
-        }
-        let day = zone.day_of(self.clock.now());
-        let kept = self
-            .filtered
-            .lock()
-            .map(|mut t| t.record(site, day, reason, n))
-            .unwrap_or(false);
-        if !kept {
-            self.metrics.filtered_untallied.inc_by(n);
-        }
+        crate::collect::Sender::new(
+            self.client_ip(peer, headers),
+            text(header::USER_AGENT).unwrap_or_default(),
+            origin(headers),
+            text(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer ")),
+        )
     }
 
     /// Views of `site` not counted over `from..=to`: the stored tallies and those not yet
@@ -265,9 +186,7 @@ impl AppState {
         to: jiff::civil::Date,
     ) -> Result<FilteredCounts, ApiError> {
         let mut counts = self.store.filtered(site, from, to).await?;
-        if let Ok(t) = self.filtered.lock() {
-            counts.merge(&t.pending(site, from, to));
-        }
+        counts.merge(&self.collect.not_counted.pending(site, from, to));
         Ok(counts)
     }
 
@@ -298,26 +217,6 @@ impl AppState {
                 retry_after: t.retry_after,
             })
     }
-}
-
-/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
-pub fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    &s[..cut]
-}
-
-/// Whether two secrets are equal, in time that depends on neither their content nor their
-/// lengths: both are hashed to 32 bytes first, and the digests compared without branching.
-pub(crate) fn constant_time_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (blake3::hash(a.as_bytes()), blake3::hash(b.as_bytes()));
-    // blake3's `Hash` equality is constant-time.
-    a == b
 }
 
 /// A stats request's slot and its network's place in the share; both given back on drop.

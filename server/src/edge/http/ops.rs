@@ -53,7 +53,7 @@ async fn healthz() -> &'static str {
     )
 )]
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let room = state.ingest.depth() < state.config.ingest.capacity;
+    let room = state.collect.ingest.depth() < state.options.ingest_capacity;
     let probe = state.store.probe().await;
     state.metrics.storage_up.set(i64::from(probe.is_ok()));
     // Redis is never a reason to refuse hits: only a detail of "ready".
@@ -134,7 +134,10 @@ async fn metrics(
         );
         return Ok(r);
     }
-    state.metrics.queue_depth.set(state.ingest.depth() as i64);
+    state
+        .metrics
+        .queue_depth
+        .set(state.collect.ingest.depth() as i64);
     if let Some(link) = &state.redis {
         let health = &link.health;
         state

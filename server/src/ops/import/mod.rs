@@ -35,15 +35,17 @@ mod tables;
 use std::collections::HashMap;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use jiff::Timestamp;
 
+use crate::collect::bots::BotFilter;
+use crate::core::classify::View;
+use crate::core::filtered::Reason;
 use crate::core::hit::HitKind;
 use crate::core::ids::{EventId, EventName, PagePath, VisitorKey};
-use crate::core::record::{Outcome, Record, Source};
+use crate::core::record::{Outcome, Record};
 use crate::store::Site;
 use crate::store::sqlite::{ImportOptions, SqliteStore};
 
@@ -108,15 +110,6 @@ pub(crate) struct Parsed {
     pub client: String,
     pub host: Option<String>,
     pub event: bool,
-}
-
-/// Whether a user agent is a bot: the server's bot list. The one place the import asks.
-pub fn is_bot(user_agent: &str) -> bool {
-    static BOTS: OnceLock<crate::collect::bots::BotList> = OnceLock::new();
-    user_agent.trim().is_empty()
-        || BOTS
-            .get_or_init(crate::collect::bots::BotList::bundled)
-            .is_bot(user_agent)
 }
 
 /// Files served that are not pages.
@@ -283,7 +276,7 @@ impl Rejects {
             (reason.to_owned(), line)
         };
         let line = line.trim_end_matches(['\r', '\n']);
-        let cut = crate::edge::http::truncate(line, REJECT_LINE_BYTES);
+        let cut = crate::core::ids::truncate(line, REJECT_LINE_BYTES);
         let more = if cut.len() < line.len() { " …" } else { "" };
         let text = format!(
             "{line_no}\t{reason}\t{}{more}\n",
@@ -416,32 +409,29 @@ struct RecordMaker {
     /// The latest time a line may have (a day from the start of the run), read once.
     latest: Timestamp,
     seen: HashMap<[u8; 32], u32>,
-    /// Verdicts of [`is_bot`] per user agent (logs repeat few agents); bounded.
-    bots: HashMap<String, bool>,
+    /// The collector's bot filter (its verdicts cached: logs repeat few agents).
+    bots: BotFilter,
 }
 
 impl RecordMaker {
     fn new(site: Site) -> Self {
         Self {
             site,
-            key: crate::collect::privacy::random_bytes::<32>(),
+            key: crate::collect::secrets::random_bytes::<32>(),
             second: i64::MIN,
             latest: Timestamp::now() + jiff::SignedDuration::from_hours(24),
             seen: HashMap::new(),
-            bots: HashMap::new(),
+            bots: BotFilter::bundled(),
         }
     }
 
-    fn is_bot(&mut self, user_agent: &str) -> bool {
-        if let Some(&verdict) = self.bots.get(user_agent) {
-            return verdict;
-        }
-        let verdict = is_bot(user_agent);
-        if self.bots.len() >= 10_000 {
-            self.bots.clear();
-        }
-        self.bots.insert(user_agent.to_owned(), verdict);
-        verdict
+    /// Why a line's view is not counted, judged as the collector judges a hit
+    /// ([`BotFilter::reason`]: empty agents, and listed bots other than image proxies).
+    fn filter_reason(&self, user_agent: &str) -> Option<&'static str> {
+        self.bots.reason(user_agent).map(|reason| match reason {
+            Reason::EmptyUserAgent => "no user agent",
+            _ => "bot",
+        })
     }
 
     fn make(&mut self, p: &Parsed, line: &str) -> Result<Record, String> {
@@ -500,17 +490,15 @@ impl RecordMaker {
             .filter(|r| !r.is_empty() && *r != "-")
             .and_then(|r| url::Url::parse(r).ok())
             .map(|u| crate::core::ids::cap_path(u.as_str(), 1024).to_owned());
-        Ok(Record {
-            event_id: EventId::new_at(p.at, random),
-            site: self.site.id.clone(),
-            source: Source::Web,
+        let view = View::imported(
+            &self.site.id,
+            &self.site.zone,
             kind,
             page,
-            visitor: VisitorKey(visitor),
-            at_ms: p.at.as_millisecond(),
-            day: self.site.zone.day_of(p.at),
+            EventId::new_at(p.at, random),
             referrer,
-        })
+        );
+        Ok(view.into_record(VisitorKey(visitor)))
     }
 }
 
@@ -620,8 +608,8 @@ async fn handle(
     // judges bots itself, in its `Bot` column (read by the row parser): a blank agent there is
     // no sign of a bot.
     let judged = job.format == Format::Goatcounter && p.user_agent.is_empty();
-    if !judged && maker.is_bot(&p.user_agent) {
-        return rejects.write(line_no, "bot", raw);
+    if !judged && let Some(why) = maker.filter_reason(&p.user_agent) {
+        return rejects.write(line_no, why, raw);
     }
     match maker.make(&p, raw) {
         Ok(record) => lane.push(record).await,
