@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # snippet-size.sh - the size benchmark of the browser snippet: the bytes of the loader, the glue
-# and the wasm in static/ (or DIR), against the budget of SPEC §3: "gzip -9, measured by a
-# benchmark": loader <= 1 KB, everything a page downloads <= 8 KB (1 KB = 1024 bytes).
+# and the wasm in static/ (or DIR), against the budget of docs/behaviour.md §3 ("measured with
+# gzip -9"): loader <= 1 KB, everything a page downloads <= 8 KB (1 KB = 1024 bytes).
 # The verdict is on `gzip -9` of each file (the file name gzip stores in its header included,
 # ~10-25 B per file, so the figure errs high). Reported beside it, the bytes the collector
 # actually sends (server/src/http/assets.rs serves each file precompressed): NAME.gz (zopfli,

@@ -23,7 +23,7 @@ step "API conformance: schemathesis against a live server (scripts/api-test.sh)"
 scripts/api-test.sh
 step "committed snippet is current"
 scripts/check-snippet.sh
-step "snippet size budget (SPEC §3: gzip -9, loader <= 1 KB, all <= 8 KB)"
+step "snippet size budget (docs/behaviour.md §3: gzip -9, loader <= 1 KB, all <= 8 KB)"
 scripts/snippet-size.sh
 step "browser suite (headless Chromium)"
 scripts/browser-test.sh

@@ -1,7 +1,7 @@
 //! Tally's browser client: counts a page view (and custom events) from one script tag, in a
 //! WebAssembly module small enough for the snippet's size budget.
 //!
-//! Contract (SPEC §3; user documentation in README.md, "The browser snippet"):
+//! Contract (docs/behaviour.md §3; user documentation in docs/site-owners.md):
 //! - The loader `js/loader.js` (served as `/tally.js`) reads the script tag's `data-*`
 //!   options, queues `window.tally(...)` calls, skips local pages and (optionally) Do Not
 //!   Track, and instantiates this module with streaming compilation. It then calls the one

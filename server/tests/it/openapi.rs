@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::support::spawn_app;
 
-/// The operations the README's "API (v1)" section lists, as `METHOD path`.
+/// The operations docs/api.md lists ("Operations"), as `METHOD path`.
 const OPERATIONS: &[&str] = &[
     "POST /api/v1/hit",
     "OPTIONS /api/v1/hit",
