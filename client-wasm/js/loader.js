@@ -1,4 +1,4 @@
-// tally.js: Tally's loader (README.md, "The browser snippet"), a classic script.
+// tally.js: Tally's loader (docs/site-owners.md, "The browser snippet"), a classic script.
 //
 // Build (scripts/assemble-snippet.mjs): full-line comments are stripped, every Op.Name and
 // Flag.Name becomes the number src/ops.rs defines for it (the one definition of the codes and
