@@ -1,6 +1,6 @@
 //! How stored counters become the numbers people see.
 //!
-//! Rule (documented in README): views of the script/pixel ("web") and of the badge are counted
+//! Rule (docs/site-owners.md, "What it counts"): views of the script/pixel ("web") and of the badge are counted
 //! apart. A page that runs both counts each visit twice, once per source, so the shown number
 //! is the LARGER of the two, never their sum; a page that uses only one source shows that one.
 //! Carried-over base numbers (`tally site set-base`) are then added. Live numbers come from the

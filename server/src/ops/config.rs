@@ -517,7 +517,7 @@ impl ServeConfig {
             (Some(value), _) if !value.is_empty() => SecretSource::Value(value),
             (_, Some(path)) => SecretSource::File(path),
             // Collectors sharing a PostgreSQL database must share the secret too: give every
-            // one the same `--secret-file` or `TALLY_SECRET` (README, "PostgreSQL").
+            // one the same `--secret-file` or `TALLY_SECRET` (docs/operators.md, "PostgreSQL").
             _ => match &db {
                 Database::Sqlite(path) => SecretSource::beside(path),
                 Database::Postgres(_) => SecretSource::File(PathBuf::from("tally.secret")),

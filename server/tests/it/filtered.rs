@@ -109,3 +109,37 @@ async fn the_filtered_stats_follow_the_site_privacy_and_validation_rules() {
     }
     assert_eq!(v["total"], 0);
 }
+
+/// A page on an origin the site does not allow is refused, and the refusal shows under "Not
+/// counted" for that site at once (before, only `/metrics` said so).
+#[tokio::test]
+async fn refused_origins_are_tallied_per_site() {
+    let app = spawn_app().await;
+    for i in 0..2 {
+        let body = crate::support::pageview(
+            &crate::support::event_id_at(app.now()),
+            None,
+            &format!("/o{i}"),
+        );
+        let r = app
+            .client
+            .post(app.url("/api/v1/hit"))
+            .header("user-agent", UA)
+            .header("content-type", "text/plain")
+            .header("origin", "http://127.0.0.1:8000")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 403);
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"], "origin_not_allowed", "{v}");
+    }
+    // A hit from the registered origin still counts, and is not a refusal.
+    assert_eq!(app.post_view_as(UA, "/ok").await.status(), 200);
+    let v = filtered(&app).await;
+    assert_eq!(v["filtered"]["origin_not_allowed"], 2, "{v}");
+    assert_eq!(v["total"], 2, "{v}");
+    let page = app.get("/dashboard/blog").await.text().await.expect("html");
+    assert!(page.contains("Refused origin"), "the panel names the reason");
+}

@@ -1322,7 +1322,7 @@ mod sqlite_backend {
         );
     }
 
-    /// The visitor-set journal stays within its bound (README Limits: 16,384 rows and one
+    /// The visitor-set journal stays within its bound (docs/operators.md, Limits: 16,384 rows and one
     /// batch) under a flood of new (visitor, page) pairs, and the numbers stay exact.
     #[tokio::test]
     async fn the_visitor_set_journal_stays_bounded_under_a_flood_of_new_visitors() {

@@ -350,7 +350,10 @@ pub fn service_url(var: &str, example: &str) -> Option<String> {
     let url = std::env::var(var).ok().filter(|u| !u.is_empty());
     if url.is_none() {
         let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-        assert!(!ci, "CI=true but {var} is not set (e.g. {example}): this test must run in CI");
+        assert!(
+            !ci,
+            "CI=true but {var} is not set (e.g. {example}): this test must run in CI"
+        );
         use std::io::Write as _;
         let _ = writeln!(
             std::io::stderr(),
