@@ -143,8 +143,11 @@ pub async fn run(
         config.collect_options(),
     ));
     let auth = Arc::new(Auth::new(&config.auth_options(), &secret, limits));
+    let not_counted = Arc::clone(&collect.not_counted);
+    // The router owns the only handle on the collector (and so on the ingest queue's sender):
+    // once the server loop drops it, the writer drains and stops.
     let state = AppState::new(
-        Arc::clone(&collect),
+        collect,
         Arc::clone(&store),
         auth,
         config.edge_options(),
@@ -159,7 +162,6 @@ pub async fn run(
         Arc::clone(&state.auth),
         stop_tx.subscribe(),
     ));
-    let not_counted = Arc::clone(&collect.not_counted);
     let flusher = {
         let (tally, store, stop) = (Arc::clone(&not_counted), store.clone(), stop_tx.subscribe());
         tokio::spawn(async move { tally.flush_loop(store, stop).await })

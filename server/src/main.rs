@@ -320,8 +320,19 @@ async fn site(cmd: SiteCommand, store: &dyn tally::store::Store) -> anyhow::Resu
                 public,
                 ingest_key: None,
             };
+            let before = store.get_site(&site.id).await?;
             store.put_site(&site).await?;
-            println!("site {} saved", site.id);
+            match before {
+                None => println!("site {} added", site.id),
+                // `site add` replaces a site's settings: say what they were.
+                Some(old) => println!(
+                    "site {} replaced (was: origins {}, time zone {}, {}); its counts are kept",
+                    site.id,
+                    old.origins.join(","),
+                    old.zone.name(),
+                    if old.public { "public" } else { "private" },
+                ),
+            }
         }
         SiteCommand::List => {
             for s in store.list_sites().await? {

@@ -18,8 +18,9 @@ use crate::core::clock::Clock;
 use crate::core::day::SiteZone;
 use crate::core::filtered::{FilterTally, FilteredCounts, Reason};
 use crate::core::ids::SiteId;
+use crate::core::site::Site;
 use crate::metrics::{Metrics, ReasonLabel};
-use crate::store::{EventSink, Site};
+use crate::store::EventSink;
 
 /// Most (site, day, reason) keys held between two flushes (5 reasons × 2 days × 40,000 sites;
 /// the flush runs every few seconds).

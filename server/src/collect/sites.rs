@@ -19,9 +19,10 @@ use std::sync::Arc;
 use crate::core::day::SiteZone;
 use crate::core::ids::SiteId;
 use crate::core::net::ClientNet;
+use crate::core::site::Site;
 use crate::state::limits::Refusal;
 use crate::state::{RateLimiter, SiteCache};
-use crate::store::{Site, SiteStore, StoreError};
+use crate::store::{SiteStore, StoreError};
 
 /// Why a site could not be used.
 #[derive(Debug, thiserror::Error)]

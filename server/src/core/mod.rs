@@ -24,4 +24,5 @@ pub mod net;
 pub mod range;
 pub mod record;
 pub mod session;
+pub mod site;
 pub mod suppress;

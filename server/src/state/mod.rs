@@ -35,7 +35,7 @@ use crate::core::classify::{Lane, LiveEntry};
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::LiveNumbers;
 use crate::core::net::ClientNet;
-use crate::store::Site;
+use crate::core::site::Site;
 use limits::{LimitConfig, Refusal};
 
 /// Live-window key: a whole site (`None`) or one of its pages.

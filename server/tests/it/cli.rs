@@ -199,13 +199,21 @@ async fn site_key_prints_the_same_key_until_rotated_and_site_add_keeps_it() {
     let (ok, text) = run(&mut with_db(&["site", "key", "blog"])).await;
     assert!(!ok && text.contains("no site blog"), "{text}");
     let add = ["site", "add", "blog", "--origin", "https://blog.example"];
-    assert!(run(&mut with_db(&add)).await.0);
+    let (ok, added) = run(&mut with_db(&add)).await;
+    assert!(ok && added.contains("site blog added"), "{added}");
     let (ok, first) = run(&mut with_db(&["site", "key", "blog"])).await;
     assert!(ok && first.trim().len() >= 32, "{first}");
     let (_, again) = run(&mut with_db(&["site", "key", "blog"])).await;
     assert_eq!(first, again, "printing does not rotate");
-    // Re-adding the site (e.g. to change its origins) keeps the key.
-    assert!(run(&mut with_db(&add)).await.0);
+    // Re-adding the site (e.g. to change its origins) replaces its settings, says what they
+    // were, and keeps the key.
+    let (ok, replaced) = run(&mut with_db(&add)).await;
+    assert!(
+        ok && replaced.contains(
+            "site blog replaced (was: origins https://blog.example, time zone UTC, private)"
+        ),
+        "{replaced}"
+    );
     let (_, kept) = run(&mut with_db(&["site", "key", "blog"])).await;
     assert_eq!(first, kept);
     let (ok, rotated) = run(&mut with_db(&["site", "key", "blog", "--rotate"])).await;

@@ -141,5 +141,8 @@ async fn refused_origins_are_tallied_per_site() {
     assert_eq!(v["filtered"]["origin_not_allowed"], 2, "{v}");
     assert_eq!(v["total"], 2, "{v}");
     let page = app.get("/dashboard/blog").await.text().await.expect("html");
-    assert!(page.contains("Refused origin"), "the panel names the reason");
+    assert!(
+        page.contains("Refused origin"),
+        "the panel names the reason"
+    );
 }

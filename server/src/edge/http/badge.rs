@@ -33,7 +33,7 @@ use crate::core::badge::{Badge, BadgeColor, BadgeStyle, abbreviate, group};
 use crate::core::counts::present;
 use crate::core::ids::PagePath;
 use crate::core::record::Source;
-use crate::store::Site;
+use crate::core::site::Site;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(badge))

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use super::{ApiError, AppState, origin};
 use crate::core::counts::present;
 use crate::core::ids::{PagePath, SiteId};
-use crate::store::Site;
+use crate::core::site::Site;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(counts, counts_preflight))

@@ -37,7 +37,7 @@ use crate::core::counts::combine;
 use crate::core::filtered::{FilteredCounts, Reason};
 use crate::core::ids::PagePath;
 use crate::core::range::DayRange;
-use crate::store::Site;
+use crate::core::site::Site;
 
 pub fn router() -> Router<AppState> {
     Router::new()

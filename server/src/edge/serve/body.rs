@@ -22,7 +22,7 @@ use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use tally_wire::ErrorBody;
 use tokio::time::{Instant, Sleep};
 
-use super::conn::RequestGuard;
+use super::activity::RequestGuard;
 use crate::core::net::Share;
 
 /// The 408 that replaces whatever the handler made of a body that did not arrive in time.

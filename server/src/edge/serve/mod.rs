@@ -30,6 +30,7 @@
 //!   [`serve`] returns only when every connection task has ended, so the router (and the ingest
 //!   queue senders inside it) is gone and the writer can drain.
 
+mod activity;
 mod body;
 mod conn;
 pub mod os;

@@ -46,7 +46,7 @@ use crate::core::filtered::Reason;
 use crate::core::hit::HitKind;
 use crate::core::ids::{EventId, EventName, PagePath, VisitorKey};
 use crate::core::record::{Outcome, Record};
-use crate::store::Site;
+use crate::core::site::Site;
 use crate::store::sqlite::{ImportOptions, SqliteStore};
 
 /// Input formats of `tally import`.

@@ -16,8 +16,8 @@ use super::{
 use crate::core::classify::{Lane, LiveEntry};
 use crate::core::ids::{PagePath, SiteId};
 use crate::core::live::{LiveNumbers, LiveWindow};
+use crate::core::site::Site;
 use crate::core::suppress::Suppressor;
-use crate::store::Site;
 pub use limiter::Limits;
 
 /// This process's own state, as configured (one collector).

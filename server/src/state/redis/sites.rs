@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use super::{RedisLink, ms, name_of};
 use crate::core::day::SiteZone;
 use crate::core::ids::SiteId;
+use crate::core::site::Site;
 use crate::state::SiteCache;
 use crate::state::memory::MemorySiteCache;
-use crate::store::Site;
 /// The site cache on Redis: a site added or changed through one collector is served by every
 /// collector at once (the in-process cache is per collector, up to its TTL behind).
 pub struct RedisSiteCache {
