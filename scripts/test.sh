@@ -11,6 +11,8 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+step "no import cycles between the collector's modules"
+scripts/check-layers.py
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test"
