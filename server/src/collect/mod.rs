@@ -12,12 +12,14 @@
 //!    site exists (or, with auto-sites, is created) and allows the sending page's origin (a
 //!    refused origin is tallied under "Not counted" and logged), and a bearer key is the
 //!    site's ingest key (a wrong one is a throttled guess).
-//! 3. **Filter** (the sender's user agent): an empty agent or a listed bot is not counted.
+//! 3. **Filter** (the sender's user agent): an empty agent or a listed bot is not counted
+//!    (but still charged at step 6: a bot gets no free pass around the address limits).
 //! 4. **Visitor**: the client's own id, else the keyed hash of its source, salted for the
 //!    event's local day.
 //! 5. **Repeat gate** (badge and pixel views only, which carry no visitor id).
 //! 6. **Limit**: the request's records without an ingest key are charged to the sender's
-//!    address allowance together, all or none.
+//!    address allowance together, all or none; over it, a hit is refused (429) and a badge
+//!    or pixel view is served but not counted.
 //! 7. **Commit** through the ingest queue; the answer waits for it.
 //! 8. **Observe**: metrics and the live window.
 //!
@@ -351,14 +353,10 @@ impl Collector {
         now: Timestamp,
     ) -> Result<Vec<Counted>, Refused> {
         let mut results = vec![Counted::Filtered; views.len()];
-        // 3. Filter: the user agent is the sender's, so one verdict holds for every view.
-        if let Some(reason) = self.bots.reason(&sender.user_agent) {
-            for (_, site, _) in &views {
-                self.not_counted.record(&site.id, &site.zone, reason, 1);
-                self.metrics.hit("filtered");
-            }
-            return Ok(results);
-        }
+        // 3. Filter: the user agent is the sender's, so one verdict holds for every view. A
+        // filtered view is not counted, but it is still charged at step 6 (a bot's traffic
+        // gets no free pass around the address limits).
+        let filtered = self.bots.reason(&sender.user_agent);
         let lane = match kind {
             Kind::Hits => Lane::Direct,
             Kind::Server => Lane::of(&sender.user_agent),
@@ -366,6 +364,10 @@ impl Collector {
         // 4. Visitor, and 5. the repeat gate for server-made views.
         let mut going = Vec::with_capacity(views.len());
         for (slot, (view, site, keyed)) in views.into_iter().enumerate() {
+            if filtered.is_some() {
+                going.push((slot, view, site, keyed, None));
+                continue;
+            }
             let visitor = self.visitor(&view, sender).await?;
             if kind == Kind::Server {
                 let key = view.repeat_key(lane, sender.net, &visitor);
@@ -377,7 +379,7 @@ impl Collector {
                     continue;
                 }
             }
-            going.push((slot, view, site, keyed, visitor));
+            going.push((slot, view, site, keyed, Some(visitor)));
         }
         // 6. Limit: one record per unkeyed view, per site, charged together or not at all.
         let mut per_site: Vec<(&SiteId, u32)> = Vec::new();
@@ -411,10 +413,18 @@ impl Collector {
                 }
             };
         }
+        if let Some(reason) = filtered {
+            for (slot, _, site, _, _) in &going {
+                self.not_counted.record(&site.id, &site.zone, reason, 1);
+                self.metrics.hit("filtered");
+                results[*slot] = Counted::Filtered;
+            }
+            return Ok(results);
+        }
         // 7. Commit.
         let (slots, records): (Vec<usize>, Vec<Record>) = going
             .into_iter()
-            .map(|(slot, view, _, _, visitor)| (slot, view.into_record(visitor)))
+            .filter_map(|(slot, view, _, _, visitor)| Some((slot, view.into_record(visitor?))))
             .unzip();
         if records.is_empty() {
             return Ok(results);
