@@ -146,3 +146,32 @@ async fn refused_origins_are_tallied_per_site() {
         "the panel names the reason"
     );
 }
+
+/// A bot's hits are not counted but are charged to its address allowance like any other, so
+/// a flood with a bot's user agent is refused at once (before its bodies are read) once the
+/// allowance is used up.
+#[tokio::test]
+async fn a_bots_hits_use_up_its_address_allowance() {
+    let app = spawn_app_with(Options {
+        configure: |c| c.rate_limit_per_minute = 3,
+        ..Options::default()
+    })
+    .await;
+    let (mut filtered_hits, mut refused) = (0, 0);
+    for i in 0..5 {
+        let r = app.post_view_as(CRAWLER, &format!("/b{i}")).await;
+        match r.status().as_u16() {
+            200 => {
+                let v: Value = r.json().await.expect("json");
+                assert_eq!(v["status"], "filtered", "{v}");
+                filtered_hits += 1;
+            }
+            429 => refused += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!((filtered_hits, refused), (3, 2));
+    let v = filtered(&app).await;
+    assert_eq!(v["filtered"]["bot"], 3, "{v}");
+    assert_eq!(v["filtered"]["rate_limited"], 2, "{v}");
+}
