@@ -17,12 +17,13 @@ step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test"
 # The connection tests measure timeouts in seconds: they run alone after the rest, so a
-# parallel CPU-heavy test cannot push them past their deadlines. Both runs name the whole
-# workspace, so cargo resolves features once and builds nothing twice (`-p tally` alone
-# resolved them differently and recompiled ~3.7 min of dependencies).
+# parallel CPU-heavy test cannot push them past their deadlines. Both runs are the same
+# `cargo test --workspace` with only the name filter changed, so cargo resolves the same
+# features and builds nothing twice (naming a target, `-p tally` or `--test it`, activates
+# other dev-dependency features and recompiled ~3.7 min of dependencies).
 cargo test --workspace -- --skip connections::
 step "cargo test: connection timeouts, one at a time"
-cargo test --workspace --test it connections:: -- --test-threads=1
+cargo test --workspace -- connections:: --test-threads=1
 step "API conformance: schemathesis against a live server (scripts/api-test.sh)"
 scripts/api-test.sh
 step "committed snippet is current"
