@@ -12,7 +12,7 @@
 //!   bounded page cache and spill temporary b-trees to files, so no query takes unbounded RAM.
 //! - Visitor sets are `visits` and `reach` plus the rows still in the visitor-set journal
 //!   (`journal`): new rows are appended there and moved in bulk; readers read both.
-//! - Schema v5 (see `schema`): sites and pages interned as integers, days as integers. Dedupe
+//! - Schema v6 (see `schema`): sites and pages interned as integers, days as integers. Dedupe
 //!   is the primary key of `events` (the UUIDv7 event id) and a partial unique index on
 //!   (site, name, dedupe); `INSERT OR IGNORE` plus the changed-row count decides the outcome.
 //! - A batch is refused whole, before anything is written, when the filesystem's free space
