@@ -469,6 +469,55 @@ async fn a_database_file_moved_away_while_serving_acknowledges_nothing_more() {
     server.stop().await;
 }
 
+/// The database moved away and back while the server runs (an operator's mistake, undone):
+/// `/readyz` names the file and says what to do, and once it is back the same process counts
+/// again, without a restart, and every acknowledged hit is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_file_moved_back_while_serving_counts_again_without_a_restart() {
+    let server = Binary::start(&["--auto-sites"]).await;
+    let http = client();
+    let now = jiff::Timestamp::now();
+    let first = hit_for("back", now);
+    assert_eq!(post_hit(&http, &server, &first).await.status(), 200);
+    let moved = server.db.with_extension("moved");
+    let pairs: Vec<(std::path::PathBuf, std::path::PathBuf)> = ["", "-wal", "-shm"]
+        .iter()
+        .map(|s| {
+            (
+                std::path::PathBuf::from(format!("{}{s}", server.db.display())),
+                std::path::PathBuf::from(format!("{}{s}", moved.display())),
+            )
+        })
+        .filter(|(from, _)| from.exists())
+        .collect();
+    for (from, to) in &pairs {
+        std::fs::rename(from, to).expect("move away");
+    }
+    let refused = hit_for("back", now);
+    assert_eq!(post_hit(&http, &server, &refused).await.status(), 503);
+    not_ready_because(&http, &server, "move it back").await;
+    not_ready_because(&http, &server, &server.db.display().to_string()).await;
+    for (from, to) in &pairs {
+        std::fs::rename(to, from).expect("move back");
+    }
+    let ready = http
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 200, "ready again once the file is back");
+    // The hit refused meanwhile counts when the client retries it; the first was kept.
+    for (hit, want) in [(&refused, "accepted"), (&first, "duplicate")] {
+        let r: Value = post_hit(&http, &server, hit)
+            .await
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(r["status"], want, "{r}");
+    }
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn below_the_free_disk_floor_writes_are_refused_and_reads_keep_working() {
     // A floor of 1 EiB: this disk is always below it.

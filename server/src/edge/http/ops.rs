@@ -76,10 +76,10 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: free disk space {free} B is below the floor of {floor} B\n"),
         ),
-        (Err(StoreError::FileLost(_)), _) => (
+        // The store's words name the file and say what to do.
+        (Err(StoreError::FileLost(why)), _) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the database file or its -shm was moved, replaced, truncated or deleted; restore the file if it is gone, then restart\n"
-                .to_owned(),
+            format!("not ready: {why}\n"),
         ),
         (Err(e), _) => {
             tracing::warn!(error = %e, "readiness probe failed");

@@ -156,12 +156,18 @@ impl FileGuard {
         match std::fs::metadata(&self.path) {
             Ok(meta) if (meta.dev(), meta.ino()) == self.identity => Ok(()),
             Ok(_) => Err(StoreError::FileLost(format!(
-                "{} was replaced by another file",
+                "{} was replaced by another file; restart tally to use it",
                 self.path.display()
             ))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::FileLost(
-                format!("{} was deleted or moved", self.path.display()),
-            )),
+            // The process still holds the file open: moved back, it is the same file again
+            // and the next check passes, so counting resumes without a restart.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(StoreError::FileLost(format!(
+                    "{} was deleted or moved; move it back (with its -wal and -shm) and \
+                     counting resumes, or restore a backup there and restart tally",
+                    self.path.display()
+                )))
+            }
             Err(e) => Err(StoreError::FileLost(format!(
                 "cannot stat {}: {e}",
                 self.path.display()
