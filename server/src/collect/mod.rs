@@ -135,14 +135,10 @@ impl Refused {
         }
     }
 
-    /// A guess throttle's refusal: whole seconds, at least one.
+    /// A guess throttle's refusal (the same wait as the admin token's, `edge::http::auth`).
     fn throttled(refusal: Refusal) -> Self {
         Refused::RateLimited {
-            retry_after: match refusal {
-                Refusal::Wait(wait) => wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
-                Refusal::Never { .. } => 1,
-            }
-            .max(1),
+            retry_after: refusal.guess_retry_after(),
         }
     }
 }

@@ -63,6 +63,18 @@ pub enum Refusal {
     Never { allowance: u32 },
 }
 
+impl Refusal {
+    /// The wait a guess throttle announces (`Retry-After`): whole seconds rounded up, at least
+    /// one.
+    pub fn guess_retry_after(self) -> u64 {
+        match self {
+            Refusal::Wait(wait) => wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+            Refusal::Never { .. } => 1,
+        }
+        .max(1)
+    }
+}
+
 /// The quota of `per_minute` records, `factor` times larger (the image-proxy lane); the Redis
 /// limiter uses the same.
 pub fn scaled(per_minute: u32, factor: u32) -> Option<Quota> {

@@ -29,7 +29,6 @@ use crate::collect::secrets::{Secret, ServerSecret};
 use crate::core::net::ClientNet;
 use crate::core::session::SessionKey;
 use crate::state::RateLimiter;
-use crate::state::limits::Refusal;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "tally_admin";
@@ -106,11 +105,7 @@ impl Auth {
             .may_guess(net, now)
             .await
             .map_err(|refusal| Throttled {
-                retry_after: match refusal {
-                    Refusal::Wait(wait) => wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
-                    Refusal::Never { .. } => 1,
-                }
-                .max(1),
+                retry_after: refusal.guess_retry_after(),
             })
     }
 
