@@ -183,6 +183,26 @@ pub const TABLES: &[Table] = &[
         expect: "SELECT count(*) FROM salts",
     },
     Table {
+        pg: "shares (id, site, token_hash, password_hash, created_ms, expires_ms)",
+        cols: &[Text, Text, Bytes, Text, I64, I64],
+        select: "SELECT id, site, token_hash, password_hash, created_ms, expires_ms FROM shares",
+        expect: "SELECT count(*) FROM shares",
+    },
+    Table {
+        pg: "reports (site, recipient, every, created_ms)",
+        cols: &[Text, Text, Text, I64],
+        select: "SELECT site, recipient, every, created_ms FROM reports",
+        expect: "SELECT count(*) FROM reports",
+    },
+    Table {
+        pg: "report_sends (site, recipient, every, period, holder, lease_until_ms, attempts, \
+             next_try_ms, sent_ms, last_error)",
+        cols: &[Text, Text, Text, Text, Text, I64, I32, I64, I64, Text],
+        select: "SELECT site, recipient, every, period, holder, lease_until_ms, attempts, \
+                 next_try_ms, sent_ms, last_error FROM report_sends",
+        expect: "SELECT count(*) FROM report_sends",
+    },
+    Table {
         pg: "meta (key, value)",
         cols: &[Text, I64],
         select: "SELECT key, value FROM meta",

@@ -23,7 +23,7 @@ fn fixture(version: i64) -> PathBuf {
 
 /// What each schema version after the first fixture's added: dropping those of versions
 /// above N turns a current file into the file version N's code wrote.
-const ADDED_AFTER: [(i64, &str); 4] = [
+const ADDED_AFTER: [(i64, &str); 5] = [
     (2, "DROP TABLE import_ledger;"),
     (3, "DROP TABLE filtered;"),
     (4, "DROP TABLE set_journal;"),
@@ -39,10 +39,14 @@ const ADDED_AFTER: [(i64, &str); 4] = [
          DROP TABLE counters;
          ALTER TABLE counters_v5 RENAME TO counters;",
     ),
+    (
+        6,
+        "DROP TABLE shares; DROP TABLE reports; DROP TABLE report_sends;",
+    ),
 ];
 
 /// The fixtures committed (and checked), by schema version.
-const FIXTURES: [i64; 4] = [2, 3, 4, 5];
+const FIXTURES: [i64; 5] = [2, 3, 4, 5, 6];
 
 fn options() -> StoreOptions {
     StoreOptions {

@@ -1655,7 +1655,7 @@ pub(crate) mod postgres {
         for open in opens {
             open.await.expect("join").expect("open");
         }
-        assert_eq!(db.exec("SELECT version FROM schema_version"), 1);
+        assert_eq!(db.exec("SELECT version FROM schema_version"), 2);
         db.exec("INSERT INTO schema_version (version) VALUES (99)");
         let options = PgOptions {
             schema: Some(db.schema.clone()),

@@ -23,7 +23,8 @@ use super::{Fail, StoreError};
 const MIGRATION_LOCK: i64 = 0x0074_616c_6c79;
 
 /// The migrations, in order; version N is `MIGRATIONS[N - 1]`. Never edit one that shipped.
-pub(super) const MIGRATIONS: &[&str] = &[r"
+pub(super) const MIGRATIONS: &[&str] = &[
+    r"
 CREATE TABLE sites (
     id TEXT PRIMARY KEY, origins TEXT NOT NULL, timezone TEXT NOT NULL,
     public BOOLEAN NOT NULL, ingest_key TEXT
@@ -84,7 +85,34 @@ CREATE TABLE filtered (
 );
 CREATE TABLE salts (day INTEGER PRIMARY KEY, salt BYTEA NOT NULL);
 CREATE TABLE meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
-"];
+",
+    r"
+-- The event id of every line or row `tally import` counted (raw event kept or not), the
+-- dedupe of imports.
+CREATE TABLE import_ledger (event_id UUID PRIMARY KEY);
+-- A shared link: `id` is the public name (`tally site unshare`), the URL carries a secret
+-- token of which only the SHA-256 is kept; `password_hash` is a PHC string or NULL.
+CREATE TABLE shares (
+    id TEXT PRIMARY KEY, site TEXT NOT NULL, token_hash BYTEA NOT NULL UNIQUE,
+    password_hash TEXT, created_ms BIGINT NOT NULL, expires_ms BIGINT
+);
+CREATE INDEX shares_site ON shares (site);
+-- A scheduled report: `every` is 'week' or 'month'.
+CREATE TABLE reports (
+    site TEXT NOT NULL, recipient TEXT NOT NULL, every TEXT NOT NULL, created_ms BIGINT NOT NULL,
+    PRIMARY KEY (site, recipient, every)
+);
+-- One report's send for one period (`period` = its first day, YYYY-MM-DD): the collector
+-- `holder` owns it until `lease_until_ms`; `sent_ms` is set once it went out.
+CREATE TABLE report_sends (
+    site TEXT NOT NULL, recipient TEXT NOT NULL, every TEXT NOT NULL, period TEXT NOT NULL,
+    holder TEXT NOT NULL, lease_until_ms BIGINT NOT NULL,
+    attempts INTEGER NOT NULL, next_try_ms BIGINT NOT NULL,
+    sent_ms BIGINT, last_error TEXT,
+    PRIMARY KEY (site, recipient, every, period)
+);
+",
+];
 
 /// Create schema `name` unless it exists, under the migration lock (two `CREATE SCHEMA IF NOT
 /// EXISTS` at once can both find it missing, and one then fails). `name` is checked by the

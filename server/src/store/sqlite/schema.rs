@@ -1,8 +1,9 @@
-//! The schema (version 6, in `PRAGMA user_version`) and the migrations from versions 1 to 5.
+//! The schema (version 7, in `PRAGMA user_version`) and the migrations from versions 1 to 6.
 //!
-//! Contract: [`prepare`] leaves the file at version 6 or fails having changed nothing. Before
+//! Contract: [`prepare`] leaves the file at version 7 or fails having changed nothing. Before
 //! it migrates an existing file it copies it beside itself (`<file>.v<N>.bak`, see `backup`).
-//! A fresh file gets the v6 tables; a v5 file gets `counters` rebuilt day first (v6 = v5 with
+//! A fresh file gets the v7 tables; a v6 file gets the shared links and the email reports (v7 =
+//! v6 + `shares`, `reports`, `report_sends`, see [`SCHEMA_V7`]); a v5 file also gets `counters` rebuilt day first (v6 = v5 with
 //! `counters` keyed (day, scope, source) and indexed by (scope, source, day), see
 //! [`SCHEMA_V6`]); a v4 file also gets the visitor-set journal (v5 = v4 +
 //! `set_journal`, see `journal`); a v3 file also gets the `filtered` table (v4 = v3 + views not
@@ -22,7 +23,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use super::StoreError;
 
 /// The schema version this code reads and writes.
-pub(super) const VERSION: i64 = 6;
+pub(super) const VERSION: i64 = 7;
 
 /// `day` of all-time rows (real days are days since 1970-01-01, never negative).
 pub(super) const ALL_TIME: i64 = -1;
@@ -135,6 +136,37 @@ ALTER TABLE counters_v6 RENAME TO counters;
 CREATE INDEX counters_scope ON counters (scope, source, day);
 ";
 
+/// v7: shared read-only links to a site's dashboard, and email reports with one row per
+/// report and period (the lease that makes several collectors send it once, and its outcome).
+pub(super) const SCHEMA_V7: &str = r"
+-- A shared link: `id` is the public name (`tally site unshare`), the URL carries a secret
+-- token of which only the SHA-256 is kept; `password_hash` is a PHC string or NULL.
+CREATE TABLE IF NOT EXISTS shares (
+    id TEXT PRIMARY KEY,
+    site TEXT NOT NULL,
+    token_hash BLOB NOT NULL UNIQUE,
+    password_hash TEXT,
+    created_ms INTEGER NOT NULL,
+    expires_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS shares_site ON shares (site);
+-- A scheduled report: `every` is 'week' or 'month'.
+CREATE TABLE IF NOT EXISTS reports (
+    site TEXT NOT NULL, recipient TEXT NOT NULL, every TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    PRIMARY KEY (site, recipient, every)
+) WITHOUT ROWID;
+-- One report's send for one period (`period` = its first day, YYYY-MM-DD): the collector
+-- `holder` owns it until `lease_until_ms`; `sent_ms` is set once it went out.
+CREATE TABLE IF NOT EXISTS report_sends (
+    site TEXT NOT NULL, recipient TEXT NOT NULL, every TEXT NOT NULL, period TEXT NOT NULL,
+    holder TEXT NOT NULL, lease_until_ms INTEGER NOT NULL,
+    attempts INTEGER NOT NULL, next_try_ms INTEGER NOT NULL,
+    sent_ms INTEGER, last_error TEXT,
+    PRIMARY KEY (site, recipient, every, period)
+) WITHOUT ROWID;
+";
+
 /// A v1 day text (`2026-04-01`, or `*` for all time) as a v2 day number.
 const DAY: &str = "CASE WHEN {d} = '*' THEN -1 ELSE unixepoch({d}) / 86400 END";
 
@@ -159,10 +191,13 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
     let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     match version {
         VERSION => return Ok(()),
-        5 => tx.execute_batch(SCHEMA_V6)?,
-        4 => tx.execute_batch(&format!("{SCHEMA_V5}{SCHEMA_V6}"))?,
-        3 => tx.execute_batch(&format!("{SCHEMA_V4}{SCHEMA_V5}{SCHEMA_V6}"))?,
-        2 => tx.execute_batch(&format!("{SCHEMA_V3}{SCHEMA_V4}{SCHEMA_V5}{SCHEMA_V6}"))?,
+        6 => tx.execute_batch(SCHEMA_V7)?,
+        5 => tx.execute_batch(&format!("{SCHEMA_V6}{SCHEMA_V7}"))?,
+        4 => tx.execute_batch(&format!("{SCHEMA_V5}{SCHEMA_V6}{SCHEMA_V7}"))?,
+        3 => tx.execute_batch(&format!("{SCHEMA_V4}{SCHEMA_V5}{SCHEMA_V6}{SCHEMA_V7}"))?,
+        2 => tx.execute_batch(&format!(
+            "{SCHEMA_V3}{SCHEMA_V4}{SCHEMA_V5}{SCHEMA_V6}{SCHEMA_V7}"
+        ))?,
         0 => {
             let v1: Option<String> = tx
                 .query_row(
@@ -180,6 +215,7 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
             tx.execute_batch(SCHEMA_V4)?;
             tx.execute_batch(SCHEMA_V5)?;
             tx.execute_batch(SCHEMA_V6)?;
+            tx.execute_batch(SCHEMA_V7)?;
         }
         newer => {
             return Err(StoreError::Invalid(format!(
