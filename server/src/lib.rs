@@ -43,26 +43,27 @@ use crate::store::{Maintenance, Retention, SaltStore, Store};
 pub async fn open_store(config: &ServeConfig) -> anyhow::Result<Arc<dyn Store>> {
     match &config.db {
         Database::Sqlite(_) => Ok(Arc::new(open_sqlite(config)?)),
-        Database::Postgres(url) => {
-            let options = PgOptions {
-                pool_size: config.db_pool,
-                max_new_pages_per_day: config.max_new_pages_per_day,
-                schema: None,
-            };
-            let store = PgStore::open(url, options)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot open database {}: {e}", config.db))?;
-            Ok(Arc::new(store))
-        }
+        Database::Postgres(url) => Ok(Arc::new(open_postgres(config, url).await?)),
     }
 }
 
-/// Open the configured SQLite store as itself (import, export and backup use its own API).
+/// Open the PostgreSQL database at `url` with the configured pool and page cap.
+pub async fn open_postgres(config: &ServeConfig, url: &str) -> anyhow::Result<PgStore> {
+    let options = PgOptions {
+        pool_size: config.db_pool,
+        max_new_pages_per_day: config.max_new_pages_per_day,
+        schema: None,
+    };
+    PgStore::open(url, options)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open database {}: {e}", config.db))
+}
+
+/// Open the configured SQLite store as itself (`copy-to` and SQLite backups use its own API).
 pub fn open_sqlite(config: &ServeConfig) -> anyhow::Result<SqliteStore> {
     let Some(path) = config.db.sqlite_path() else {
         anyhow::bail!(
-            "this command works on a SQLite database file; {} is PostgreSQL (use pg_dump and \
-             psql for backups and bulk data there)",
+            "this command works on a SQLite database file; {} is PostgreSQL",
             config.db
         );
     };

@@ -24,7 +24,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 )]
 struct Cli {
     /// SQLite database file, or a PostgreSQL URL (`postgres://user@host:5432/db`): the scheme
-    /// chooses. `import`, `export` and `backup` need a SQLite file.
+    /// chooses. Every command works on both (`copy-to` reads a SQLite file).
     #[arg(long, global = true, env = "TALLY_DB")]
     db: Option<PathBuf>,
     /// Optional TOML config file (keys as the long flags: listen, auto-sites, db, ...).
@@ -87,7 +87,9 @@ enum Command {
         #[arg(long, value_enum, default_value = "daily")]
         what: tally::ops::export::ExportWhat,
     },
-    /// Write a consistent copy of the database to FILE (safe while `tally serve` runs).
+    /// Write a consistent copy of the database to FILE (safe while `tally serve` runs). On
+    /// PostgreSQL: `pg_dump --format=custom` of Tally's schema, restored with the
+    /// `pg_restore` command it prints.
     Backup {
         /// The new file (never overwritten).
         file: PathBuf,
@@ -178,21 +180,15 @@ fn main() -> anyhow::Result<()> {
     let config = ServeConfig::resolve(args, cli.db.clone(), file)?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
-        // Serving, sites and verify work on either backend; the rest is SQLite's own API.
         match cli.command {
             Command::Serve(_) => {
                 let store = tally::open_store(&config).await?;
-                return serve(config, store).await;
+                serve(config, store).await
             }
-            Command::Site(cmd) => return site(cmd, tally::open_store(&config).await?.as_ref()).await,
+            Command::Site(cmd) => site(cmd, tally::open_store(&config).await?.as_ref()).await,
             Command::Verify { repair } => {
-                return verify(tally::open_store(&config).await?.as_ref(), repair).await;
+                verify(tally::open_store(&config).await?.as_ref(), repair).await
             }
-            _ => {}
-        }
-        let sqlite = tally::open_sqlite(&config)?;
-        match cli.command {
-            Command::Serve(_) | Command::Site(_) | Command::Verify { .. } => Ok(()),
             Command::Import {
                 format,
                 site,
@@ -202,8 +198,10 @@ fn main() -> anyhow::Result<()> {
                 pause,
                 input,
             } => {
+                let store = tally::open_store(&config).await?;
                 let id = SiteId::parse(&site).map_err(|e| anyhow::anyhow!("{site:?}: {e}"))?;
-                let site = tally::store::SiteStore::get_site(&sqlite, &id)
+                let site = store
+                    .get_site(&id)
                     .await?
                     .ok_or_else(|| anyhow::anyhow!("no site {id} (add it with `tally site add`)"))?;
                 let reject = reject.unwrap_or_else(|| {
@@ -227,7 +225,7 @@ fn main() -> anyhow::Result<()> {
                     raw_before_ms,
                 };
                 let started = std::time::Instant::now();
-                let r = tally::ops::import::run(&sqlite, &job).await?;
+                let r = tally::ops::import::run(store.as_ref(), &job).await?;
                 let secs = started.elapsed().as_secs_f64();
                 println!(
                     "read {} lines in {secs:.2} s ({:.0} lines/s): imported {}, duplicates {}, rejected {}{}",
@@ -251,6 +249,7 @@ fn main() -> anyhow::Result<()> {
                 format,
                 what,
             } => {
+                let store = tally::open_store(&config).await?;
                 let id = SiteId::parse(&site).map_err(|e| anyhow::anyhow!("{site:?}: {e}"))?;
                 let range = (
                     from.unwrap_or(jiff::civil::date(1970, 1, 1)),
@@ -258,15 +257,33 @@ fn main() -> anyhow::Result<()> {
                 );
                 let stdout = std::io::stdout();
                 let mut out = std::io::BufWriter::new(stdout.lock());
-                tally::ops::export::export(&sqlite, &id, range, format, what, &mut out)?;
+                tally::ops::export::export(store.as_ref(), &id, range, format, what, &mut out)
+                    .await?;
                 Ok(())
             }
-            Command::Backup { file } => {
-                sqlite.backup_to(&file).await?;
-                println!("backup written to {}", file.display());
-                Ok(())
-            }
-            Command::CopyTo { url } => copy_to(&config, &sqlite, &url).await,
+            Command::Backup { file } => match &config.db {
+                tally::ops::config::Database::Sqlite(_) => {
+                    tally::open_sqlite(&config)?.backup_to(&file).await?;
+                    println!("backup written to {}", file.display());
+                    Ok(())
+                }
+                tally::ops::config::Database::Postgres(url) => {
+                    let store = tally::open_postgres(&config, url).await?;
+                    let b = tally::ops::backup::postgres(&store, url, &file).await?;
+                    println!(
+                        "backup of schema {} written to {} ({} bytes, pg_dump custom format)",
+                        b.schema,
+                        file.display(),
+                        b.bytes
+                    );
+                    println!(
+                        "restore it (every tally process stopped, the schema absent) with:\n  {}",
+                        b.restore
+                    );
+                    Ok(())
+                }
+            },
+            Command::CopyTo { url } => copy_to(&config, &tally::open_sqlite(&config)?, &url).await,
         }
     })
 }
@@ -436,12 +453,6 @@ async fn copy_to(
         .map_err(|e| anyhow::anyhow!("nothing was copied: {e}"))?;
     for (table, rows) in &report.tables {
         println!("{table:<15} {rows:>12} rows");
-    }
-    if report.import_ledger_rows > 0 {
-        println!(
-            "not copied: {} rows of the import ledger (re-run imports against the SQLite file)",
-            report.import_ledger_rows
-        );
     }
     println!(
         "copied to {target} in {:.1} s; verifying there",

@@ -1,4 +1,5 @@
-//! `tally export`: a site's data out, streamed row by row from SQLite to a writer.
+//! `tally export`: a site's data out, streamed row by row from the store (SQLite or
+//! PostgreSQL, see `store::ExportSource`) to a writer.
 //!
 //! Contract: constant memory at any size (each row is written as it is read; JSON is an
 //! array written element by element). `--what daily` writes `day,page,views,visitors` per
@@ -14,7 +15,7 @@ use std::io::Write;
 use jiff::civil::Date;
 
 use crate::core::ids::SiteId;
-use crate::store::sqlite::SqliteStore;
+use crate::store::Store;
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -89,8 +90,8 @@ impl Rows<'_> {
 }
 
 /// Write `what` of `site` over `from..=to` to `out`; returns the rows written.
-pub fn export(
-    store: &SqliteStore,
+pub async fn export(
+    store: &dyn Store,
     site: &SiteId,
     (from, to): (Date, Date),
     format: ExportFormat,
@@ -105,60 +106,66 @@ pub fn export(
     let n = match what {
         ExportWhat::Daily => {
             rows.start(&["day", "page", "views", "visitors"])?;
-            store.export_daily(site, from, to, &mut |r| {
-                let page = r.page.unwrap_or_else(|| "*".to_owned());
-                rows.row(
-                    &[
-                        r.day.to_string(),
-                        page.clone(),
-                        r.views.to_string(),
-                        r.visitors.to_string(),
-                    ],
-                    serde_json::json!({"day": r.day.to_string(), "page": page,
+            store
+                .export_daily(site, from, to, &mut |r| {
+                    let page = r.page.unwrap_or_else(|| "*".to_owned());
+                    rows.row(
+                        &[
+                            r.day.to_string(),
+                            page.clone(),
+                            r.views.to_string(),
+                            r.visitors.to_string(),
+                        ],
+                        serde_json::json!({"day": r.day.to_string(), "page": page,
                         "views": r.views, "visitors": r.visitors}),
-                )
-            })?
+                    )
+                })
+                .await?
         }
         ExportWhat::Custom => {
             rows.start(&["day", "name", "count"])?;
-            store.export_events(site, from, to, false, &mut |r| {
-                let name = r.name.unwrap_or_default();
-                rows.row(
+            store
+                .export_events(site, from, to, false, &mut |r| {
+                    let name = r.name.unwrap_or_default();
+                    rows.row(
                     &[r.day.to_string(), name.clone(), r.count.to_string()],
                     serde_json::json!({"day": r.day.to_string(), "name": name, "count": r.count}),
                 )
-            })?
+                })
+                .await?
         }
         ExportWhat::Events => {
             rows.start(&[
                 "event_id", "time", "day", "kind", "page", "name", "source", "referrer",
             ])?;
-            store.export_events(site, from, to, true, &mut |r| {
-                let time = r
-                    .at_ms
-                    .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
-                    .map(|t| t.to_string())
-                    .unwrap_or_default();
-                let id = r.event_id.unwrap_or_default();
-                let page = r.page.unwrap_or_default();
-                let name = r.name.unwrap_or_default();
-                let referrer = r.referrer.unwrap_or_default();
-                rows.row(
-                    &[
-                        id.clone(),
-                        time.clone(),
-                        r.day.to_string(),
-                        r.kind.to_owned(),
-                        page.clone(),
-                        name.clone(),
-                        r.source.to_owned(),
-                        referrer.clone(),
-                    ],
-                    serde_json::json!({"event_id": id, "time": time, "day": r.day.to_string(),
+            store
+                .export_events(site, from, to, true, &mut |r| {
+                    let time = r
+                        .at_ms
+                        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+                        .map(|t| t.to_string())
+                        .unwrap_or_default();
+                    let id = r.event_id.unwrap_or_default();
+                    let page = r.page.unwrap_or_default();
+                    let name = r.name.unwrap_or_default();
+                    let referrer = r.referrer.unwrap_or_default();
+                    rows.row(
+                        &[
+                            id.clone(),
+                            time.clone(),
+                            r.day.to_string(),
+                            r.kind.to_owned(),
+                            page.clone(),
+                            name.clone(),
+                            r.source.to_owned(),
+                            referrer.clone(),
+                        ],
+                        serde_json::json!({"event_id": id, "time": time, "day": r.day.to_string(),
                         "kind": r.kind, "page": page, "name": name, "source": r.source,
                         "referrer": referrer}),
-                )
-            })?
+                    )
+                })
+                .await?
         }
     };
     rows.end()?;

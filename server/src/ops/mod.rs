@@ -1,5 +1,6 @@
-//! What an operator runs besides the collector: configuration, imports and exports.
+//! What an operator runs besides the collector: configuration, imports, exports, backups.
 
+pub mod backup;
 pub mod config;
 pub mod export;
 pub mod import;

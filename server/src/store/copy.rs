@@ -21,8 +21,8 @@
 //!   page is missing would otherwise vanish in a join): a difference rolls the copy back.
 //! - Imported daily aggregates (`source` 2, from SQLite's import) are copied as they are; both
 //!   backends read them as web numbers with summed visitors and never recount them.
-//! - Not copied: the import ledger (`tally import` refuses on PostgreSQL for now; its only use
-//!   is to make a re-run of an import on the same SQLite file count nothing twice).
+//! - The import ledger is copied too, so an import re-run against PostgreSQL after the copy
+//!   counts nothing twice.
 
 use crate::store::StoreError;
 
@@ -183,6 +183,12 @@ pub const TABLES: &[Table] = &[
         expect: "SELECT count(*) FROM salts",
     },
     Table {
+        pg: "import_ledger (event_id)",
+        cols: &[Uuid],
+        select: "SELECT event_id FROM import_ledger",
+        expect: "SELECT count(*) FROM import_ledger",
+    },
+    Table {
         pg: "shares (id, site, token_hash, password_hash, created_ms, expires_ms)",
         cols: &[Text, Text, Bytes, Text, I64, I64],
         select: "SELECT id, site, token_hash, password_hash, created_ms, expires_ms FROM shares",
@@ -231,12 +237,10 @@ pub struct Chunk {
 /// Rows per chunk: bounded memory however large the database.
 pub const CHUNK_ROWS: usize = 10_000;
 
-/// Rows copied per table, in [`TABLES`] order, and what was left behind.
+/// Rows copied per table, in [`TABLES`] order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CopyReport {
     pub tables: Vec<(&'static str, u64)>,
-    /// Rows of SQLite's import ledger, not copied.
-    pub import_ledger_rows: u64,
 }
 
 /// A copy that cannot go on, in words an operator can act on.
@@ -255,18 +259,18 @@ pub async fn sqlite_to_postgres(
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let path = sqlite.path().to_owned();
-    let reader = tokio::task::spawn_blocking(move || -> Result<Option<u64>, StoreError> {
+    let reader = tokio::task::spawn_blocking(move || -> Result<bool, StoreError> {
         // No go: the loader stopped before it was ready (its error says why).
         if go_rx.recv().is_err() {
-            return Ok(None);
+            return Ok(false);
         }
         let dump = crate::store::sqlite::Dump::open(&path)?;
-        let ledger = dump.read_all(&rows_tx)?;
+        let sent = dump.read_all(&rows_tx)?;
         drop(rows_tx);
         // Hold SQLite's write lock until PostgreSQL committed or gave up.
         let _ = release_rx.recv();
         drop(dump);
-        Ok(ledger)
+        Ok(sent)
     });
     let loaded = pg
         .load(rows_rx, move || {
@@ -278,11 +282,7 @@ pub async fn sqlite_to_postgres(
         .await
         .map_err(|e| StoreError::Unavailable(format!("the SQLite reader stopped: {e}")))?;
     // A reader that failed explains a load that ended early: its error first. A reader that
-    // found its channel closed (`None`) stopped because the loader did: the loader's error.
-    let ledger = read?;
-    let tables = loaded?;
-    Ok(CopyReport {
-        tables,
-        import_ledger_rows: ledger.unwrap_or(0),
-    })
+    // found its channel closed (`false`) stopped because the loader did: the loader's error.
+    read?;
+    Ok(CopyReport { tables: loaded? })
 }

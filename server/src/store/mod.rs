@@ -346,6 +346,110 @@ pub trait SaltStore: Send + Sync {
     async fn sessions_not_before(&self) -> Result<i64, StoreError>;
 }
 
+/// How an import batch is committed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Events before this instant (ms since the epoch) are counted without being kept raw
+    /// (older than the raw-event retention); `None` keeps every raw event.
+    pub raw_before_ms: Option<i64>,
+}
+
+/// One imported daily aggregate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DailyImport {
+    /// The page, or `None` for the whole site.
+    pub page: Option<PagePath>,
+    pub day: Date,
+    pub views: u64,
+    pub visitors: u64,
+}
+
+/// The import lane of `tally import`, the same on every backend.
+#[async_trait]
+pub trait ImportSink: Send + Sync {
+    /// Commit imported records like [`EventSink::commit`] (same counters, visitor sets and
+    /// page cap) with two differences: every event id is first entered in the import ledger
+    /// (an id already there is a `Duplicate`, so re-running an import counts nothing twice,
+    /// even after retention pruned its raw events), and events older than
+    /// [`ImportOptions::raw_before_ms`] are counted without being kept raw, the raw prune
+    /// marker raised past them in the same transaction (so `verify` treats their rows like
+    /// rows whose raw events were pruned). One transaction; one outcome per record, in order.
+    async fn import_events(
+        &self,
+        records: Vec<Record>,
+        options: ImportOptions,
+    ) -> Result<Vec<Outcome>, StoreError>;
+
+    /// Store daily aggregates of `site` as counter rows of the imported source (2),
+    /// replacing the row of the same (scope, day), so a re-run sets the same numbers, and
+    /// recompute each scope's all-time imported row. They add to the shown web numbers and
+    /// are never recounted, like bases. One transaction; returns the rows written.
+    async fn import_daily(&self, site: &SiteId, rows: Vec<DailyImport>) -> Result<u64, StoreError>;
+}
+
+/// One day of one page (or the whole site) of a site.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DailyExportRow {
+    pub day: Date,
+    /// `None` = the whole site.
+    pub page: Option<String>,
+    pub views: u64,
+    pub visitors: u64,
+}
+
+/// One raw event, or one day of a custom event's counter (`event_id` and `at_ms` absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventExportRow {
+    pub event_id: Option<String>,
+    pub at_ms: Option<i64>,
+    pub day: Date,
+    /// `pageview` or `event`.
+    pub kind: &'static str,
+    pub page: Option<String>,
+    pub name: Option<String>,
+    pub source: &'static str,
+    pub referrer: Option<String>,
+    pub count: u64,
+}
+
+/// Where exported rows go, one at a time (an error stops the export).
+pub type RowSink<'a, T> = &'a mut dyn FnMut(T) -> std::io::Result<()>;
+
+/// A row sink's error, as the store reports it.
+pub(crate) fn export_sink_error(e: std::io::Error) -> StoreError {
+    StoreError::Unavailable(format!("writing the export: {e}"))
+}
+
+/// Streaming reads for `tally export`: rows go to a callback one at a time, so an export
+/// takes constant memory at any size. Each call reads one consistent snapshot while
+/// collectors keep writing, in a stable order (day, then page; raw events by event id).
+/// Daily rows carry what a web counter shows: counted web numbers plus imported aggregates
+/// (badge views are a separate source and not exported); page `None` is the whole site. Not
+/// `Send`: the callback writes to the caller's output, and only the export command calls it.
+#[async_trait(?Send)]
+pub trait ExportSource: Send + Sync {
+    /// Daily numbers per page and for the whole site over `from..=to`, in (day, page) order.
+    async fn export_daily(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        out: RowSink<'_, DailyExportRow>,
+    ) -> Result<u64, StoreError>;
+
+    /// Raw events (`raw` = true: every stored event, page views and custom events, in event
+    /// id order) or the daily counters of custom events (`raw` = false, in (day, name)
+    /// order) over `from..=to`.
+    async fn export_events(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        raw: bool,
+        out: RowSink<'_, EventExportRow>,
+    ) -> Result<u64, StoreError>;
+}
+
 /// Operator jobs: recount, retention, health.
 #[async_trait]
 pub trait Maintenance: Send + Sync {
@@ -368,15 +472,31 @@ pub trait Maintenance: Send + Sync {
     fn free_bytes(&self) -> Option<u64>;
 }
 
-/// A whole backend: every job. Implemented for any type that implements the five job traits;
+/// A whole backend: every job. Implemented for any type that implements the seven job traits;
 /// code that needs one job takes that trait (`Arc<dyn SiteStore>` coerces from
 /// `Arc<dyn Store>`).
-pub trait Store: EventSink + StatsReader + SiteStore + SaltStore + Maintenance + 'static {}
+pub trait Store:
+    EventSink + StatsReader + SiteStore + SaltStore + Maintenance + ImportSink + ExportSource + 'static
+{
+}
 
-impl<T: EventSink + StatsReader + SiteStore + SaltStore + Maintenance + 'static> Store for T {}
+impl<
+    T: EventSink
+        + StatsReader
+        + SiteStore
+        + SaltStore
+        + Maintenance
+        + ImportSink
+        + ExportSource
+        + 'static,
+> Store for T
+{
+}
 
 /// The job traits, for code that calls store methods on a concrete backend (`SqliteStore`):
 /// `use tally::store::prelude::*;`. Calls through `dyn Store` need no import.
 pub mod prelude {
-    pub use super::{EventSink, Maintenance, SaltStore, SiteStore, StatsReader, Store};
+    pub use super::{
+        EventSink, ExportSource, ImportSink, Maintenance, SaltStore, SiteStore, StatsReader, Store,
+    };
 }

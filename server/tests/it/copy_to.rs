@@ -13,7 +13,7 @@ use tally::core::ids::{DedupeKey, EventName, PagePath, SiteId, VisitorKey};
 use tally::core::record::{Outcome, Record, Source};
 use tally::store::copy::sqlite_to_postgres;
 use tally::store::sqlite::{DailyImport, SqliteStore, StoreOptions, SyncMode};
-use tally::store::{EventSink, Site, SiteStore, Store};
+use tally::store::{EventSink, ImportSink, Site, SiteStore, Store};
 use tally_wire::Numbers;
 
 use crate::store_conformance::postgres::Db;

@@ -1,8 +1,10 @@
 //! `tally import`, `tally export` and `tally backup`, run as a user would, on the committed
-//! sample files of each format (`tests/fixtures/import/`).
+//! sample files of each format (`tests/fixtures/import/`). Each import test runs on SQLite and
+//! on PostgreSQL ([`on_both`]): the same commands must give the same answers on both.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 
 use jiff::civil::date;
 use tally::core::ids::{PagePath, SiteId};
@@ -20,26 +22,60 @@ fn sample(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Which database a test's commands run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
 struct Db {
     _dir: tempfile::TempDir,
+    /// The `--db` value: the SQLite file, or the URL of a fresh PostgreSQL schema.
     path: PathBuf,
     dir: PathBuf,
+    /// The PostgreSQL schema (dropped with this).
+    pg: Option<crate::store_conformance::postgres::Db>,
 }
 
 impl Db {
-    /// A fresh database with site `blog` (UTC).
+    /// A fresh SQLite database with site `blog` (UTC).
     async fn new() -> Self {
+        Self::on(Backend::Sqlite)
+            .await
+            .expect("SQLite is always there")
+    }
+
+    /// A fresh database on `backend` with site `blog` (UTC); `None` (the test skips, loudly)
+    /// when the test PostgreSQL is not configured.
+    async fn on(backend: Backend) -> Option<Self> {
         let dir = tempfile::tempdir().expect("dir");
+        let (path, pg) = match backend {
+            Backend::Sqlite => (dir.path().join("tally.sqlite"), None),
+            Backend::Postgres => {
+                let pg = crate::store_conformance::postgres::Db::new()?;
+                (PathBuf::from(pg.url_in_schema()), Some(pg))
+            }
+        };
         let db = Self {
-            path: dir.path().join("tally.sqlite"),
+            path,
             dir: dir.path().to_owned(),
             _dir: dir,
+            pg,
         };
         let (ok, text) = db
             .run(&["site", "add", "blog", "--origin", "https://blog.example"])
             .await;
         assert!(ok, "{text}");
-        db
+        Some(db)
+    }
+
+    fn backend(&self) -> Backend {
+        if self.pg.is_some() {
+            Backend::Postgres
+        } else {
+            Backend::Sqlite
+        }
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
@@ -92,16 +128,21 @@ impl Db {
         text
     }
 
-    fn store(&self) -> SqliteStore {
-        SqliteStore::open(
-            &self.path,
-            StoreOptions {
-                sync: SyncMode::Normal,
-                min_free_bytes: 0,
-                max_new_pages_per_day: 1000,
-            },
-        )
-        .expect("open")
+    async fn store(&self) -> Arc<dyn Store> {
+        match &self.pg {
+            Some(pg) => Arc::new(pg.pg_store(1000).await),
+            None => Arc::new(
+                SqliteStore::open(
+                    &self.path,
+                    StoreOptions {
+                        sync: SyncMode::Normal,
+                        min_free_bytes: 0,
+                        max_new_pages_per_day: 1000,
+                    },
+                )
+                .expect("open"),
+            ),
+        }
     }
 
     async fn verify_clean(&self) {
@@ -114,9 +155,29 @@ fn blog() -> SiteId {
     SiteId::parse("blog").expect("site")
 }
 
-#[tokio::test]
-async fn combined_log_counts_page_views_rejects_the_rest_and_reimports_nothing() {
-    let db = Db::new().await;
+/// `on_both!(name)`: the test `name(db: Db)` as `name::sqlite` and `name::postgres`.
+macro_rules! on_both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                if let Some(db) = super::Db::on(super::Backend::Sqlite).await {
+                    super::$name(db).await;
+                }
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                if let Some(db) = super::Db::on(super::Backend::Postgres).await {
+                    super::$name(db).await;
+                }
+            }
+        }
+    };
+}
+
+on_both!(combined_log_counts_page_views_rejects_the_rest_and_reimports_nothing);
+async fn combined_log_counts_page_views_rejects_the_rest_and_reimports_nothing(db: Db) {
     let first = db.import("combined", &sample("access.log"), &[]).await;
     assert!(
         first.contains("read 10 lines") && first.contains("imported 4, duplicates 0, rejected 6"),
@@ -164,9 +225,8 @@ async fn combined_log_counts_page_views_rejects_the_rest_and_reimports_nothing()
     db.verify_clean().await;
 }
 
-#[tokio::test]
-async fn caddy_log_with_a_host_filter_keeps_raw_events_within_retention() {
-    let db = Db::new().await;
+on_both!(caddy_log_with_a_host_filter_keeps_raw_events_within_retention);
+async fn caddy_log_with_a_host_filter_keeps_raw_events_within_retention(db: Db) {
     let config = db.dir.join("tally.toml");
     std::fs::write(&config, "retention-days = 0\n").expect("config");
     let out = db
@@ -204,11 +264,10 @@ async fn caddy_log_with_a_host_filter_keeps_raw_events_within_retention() {
     db.verify_clean().await;
 }
 
-/// GoatCounter's current exports, as its documentation describes them: `UserAgent` is always
-/// blank and bots are marked in `Bot` (0 = not a bot). One session, two pages, one bot row.
-#[tokio::test]
-async fn goatcounter_export_with_blank_user_agents_counts_by_the_bot_column() {
-    let db = Db::new().await;
+// GoatCounter's current exports, as its documentation describes them: `UserAgent` is always
+// blank and bots are marked in `Bot` (0 = not a bot). One session, two pages, one bot row.
+on_both!(goatcounter_export_with_blank_user_agents_counts_by_the_bot_column);
+async fn goatcounter_export_with_blank_user_agents_counts_by_the_bot_column(db: Db) {
     let out = db
         .import("goatcounter", &sample("goatcounter-blank-ua.csv"), &[])
         .await;
@@ -223,6 +282,7 @@ async fn goatcounter_export_with_blank_user_agents_counts_by_the_bot_column() {
     );
     let c = db
         .store()
+        .await
         .counts(&blog(), &PagePath::root(), date(2025, 3, 2))
         .await
         .expect("counts");
@@ -237,9 +297,8 @@ async fn goatcounter_export_with_blank_user_agents_counts_by_the_bot_column() {
     db.verify_clean().await;
 }
 
-#[tokio::test]
-async fn goatcounter_export_imports_views_and_events() {
-    let db = Db::new().await;
+on_both!(goatcounter_export_imports_views_and_events);
+async fn goatcounter_export_imports_views_and_events(db: Db) {
     let out = db
         .import("goatcounter", &sample("goatcounter.csv"), &[])
         .await;
@@ -257,7 +316,7 @@ async fn goatcounter_export_imports_views_and_events() {
         .import("goatcounter", &sample("goatcounter.csv"), &[])
         .await;
     assert!(again.contains("imported 0, duplicates 4"), "{again}");
-    let store = db.store();
+    let store = db.store().await;
     let page = PagePath::parse("/posts/hello-world/").expect("page");
     let c = store
         .counts(&blog(), &page, date(2025, 3, 2))
@@ -284,9 +343,8 @@ async fn goatcounter_export_imports_views_and_events() {
     db.verify_clean().await;
 }
 
-#[tokio::test]
-async fn plausible_zip_becomes_daily_numbers_and_the_daily_csv_round_trips() {
-    let db = Db::new().await;
+on_both!(plausible_zip_becomes_daily_numbers_and_the_daily_csv_round_trips);
+async fn plausible_zip_becomes_daily_numbers_and_the_daily_csv_round_trips(db: Db) {
     let out = db.import("plausible", &sample("plausible.zip"), &[]).await;
     assert!(
         out.contains("read 8 lines") && out.contains("imported 6"),
@@ -310,6 +368,7 @@ async fn plausible_zip_becomes_daily_numbers_and_the_daily_csv_round_trips() {
     // Imported aggregates add to the shown numbers and are never "drift".
     let c = db
         .store()
+        .await
         .counts(&blog(), &PagePath::root(), date(2024, 11, 2))
         .await
         .expect("counts");
@@ -325,7 +384,7 @@ async fn plausible_zip_becomes_daily_numbers_and_the_daily_csv_round_trips() {
     let exported = db.export(&[]).await;
     let file = db.dir.join("daily.csv");
     std::fs::write(&file, &exported).expect("write");
-    let other = Db::new().await;
+    let other = Db::on(db.backend()).await.expect("same backend");
     let out = other.import("tally-csv", &file, &[]).await;
     assert!(
         out.contains("imported 11, duplicates 0, rejected 0"),
@@ -340,9 +399,8 @@ async fn plausible_zip_becomes_daily_numbers_and_the_daily_csv_round_trips() {
     );
 }
 
-#[tokio::test]
-async fn bases_rows_set_site_and_page_bases() {
-    let db = Db::new().await;
+on_both!(bases_rows_set_site_and_page_bases);
+async fn bases_rows_set_site_and_page_bases(db: Db) {
     let out = db.import("bases", &sample("bases.csv"), &[]).await;
     assert!(
         out.contains("imported 3, duplicates 0, rejected 1"),
@@ -355,6 +413,7 @@ async fn bases_rows_set_site_and_page_bases() {
     db.import("bases", &sample("bases.csv"), &[]).await;
     let c = db
         .store()
+        .await
         .counts(
             &blog(),
             &PagePath::parse("/posts/hello-world/").expect("page"),
@@ -430,6 +489,63 @@ async fn backup_while_serving_holds_every_acknowledged_hit() {
         c.page_all.web.views, 1,
         "the acknowledged hit is in the copy"
     );
+}
+
+/// What `tally export` says of the database, all of it.
+async fn every_export(db: &Db) -> Vec<String> {
+    let mut out = Vec::new();
+    for what in ["daily", "custom", "events"] {
+        out.push(db.export(&["--what", what]).await);
+    }
+    out
+}
+
+/// On PostgreSQL `tally backup` is a `pg_dump` of Tally's schema; the `pg_restore` command it
+/// prints brings back every answer after the schema is gone.
+#[tokio::test]
+async fn backup_on_postgres_is_a_dump_the_printed_command_restores() {
+    let Some(db) = Db::on(Backend::Postgres).await else {
+        return;
+    };
+    db.import("goatcounter", &sample("goatcounter.csv"), &[])
+        .await;
+    db.import("plausible", &sample("plausible.zip"), &[]).await;
+    let before = every_export(&db).await;
+    assert!(before[0].lines().count() > 5, "{}", before[0]);
+    assert!(before[1].contains("newsletter-signup"), "{}", before[1]);
+    let file = db.dir.join("tally.dump");
+    let (ok, text) = db.run(&["backup", file.to_str().expect("utf-8")]).await;
+    assert!(ok, "{text}");
+    let (ok, again) = db.run(&["backup", file.to_str().expect("utf-8")]).await;
+    assert!(!ok && again.contains("exists"), "never overwrites: {again}");
+    let restore = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("pg_restore "))
+        .unwrap_or_else(|| panic!("a restore command in: {text}"))
+        .to_owned();
+
+    let pg = db.pg.as_ref().expect("postgres");
+    pg.exec(&format!("DROP SCHEMA {} CASCADE", pg.schema()));
+    let (ok, text) = db.run(&["export", "--site", "blog"]).await;
+    assert!(!ok, "the schema is gone: {text}");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&restore)
+        .output()
+        .expect("run pg_restore");
+    assert!(
+        out.status.success(),
+        "{restore}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(every_export(&db).await, before, "every answer is back");
+    db.verify_clean().await;
+    // And counting goes on where it was: a re-import finds every event in the ledger.
+    let again = db
+        .import("goatcounter", &sample("goatcounter.csv"), &[])
+        .await;
+    assert!(again.contains("imported 0, duplicates 4"), "{again}");
 }
 
 #[tokio::test]

@@ -1442,6 +1442,11 @@ pub(crate) mod postgres {
             })
         }
 
+        /// The schema's name.
+        pub(crate) fn schema(&self) -> &str {
+            &self.schema
+        }
+
         /// The URL of the test schema, for another process (created here if missing).
         pub(crate) fn url_in_schema(&self) -> String {
             self.exec(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema));

@@ -12,7 +12,7 @@
 //!   daily rows) replace the row they address, so a re-run sets the same numbers.
 //! - Old events are allowed (the 72 h window guards the live API only); events older than the
 //!   raw-event retention are counted into daily counters and visitor sets without being kept
-//!   raw (see `store::sqlite::import`).
+//!   raw (see `store::ImportSink`).
 //! - The low-priority lane: records are committed in small batches (`batch`, default 50)
 //!   through the store's one writer connection, and after each batch the import pauses for
 //!   `pause` (default 2) × the time the batch held the writer, so a `tally serve` on the same
@@ -47,7 +47,7 @@ use crate::core::hit::HitKind;
 use crate::core::ids::{EventId, EventName, PagePath, VisitorKey};
 use crate::core::record::{Outcome, Record};
 use crate::core::site::Site;
-use crate::store::sqlite::{ImportOptions, SqliteStore};
+use crate::store::{ImportOptions, Store};
 
 /// Input formats of `tally import`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -323,7 +323,7 @@ fn progress(total: u64) -> indicatif::ProgressBar {
 }
 
 /// Run an import into `store`.
-pub async fn run(store: &SqliteStore, job: &ImportJob) -> anyhow::Result<ImportReport> {
+pub async fn run(store: &dyn Store, job: &ImportJob) -> anyhow::Result<ImportReport> {
     let mut rejects = Rejects::new(job.reject.clone());
     let report = match job.format {
         Format::Combined | Format::Caddy | Format::Goatcounter => {
@@ -342,7 +342,7 @@ pub async fn run(store: &SqliteStore, job: &ImportJob) -> anyhow::Result<ImportR
 
 /// Batches records into the store through the low-priority lane.
 pub(crate) struct Lane<'a> {
-    store: &'a SqliteStore,
+    store: &'a dyn Store,
     options: ImportOptions,
     batch: usize,
     pause: f64,
@@ -351,7 +351,7 @@ pub(crate) struct Lane<'a> {
 }
 
 impl<'a> Lane<'a> {
-    fn new(store: &'a SqliteStore, job: &ImportJob) -> Self {
+    fn new(store: &'a dyn Store, job: &ImportJob) -> Self {
         Self {
             store,
             options: ImportOptions {
@@ -504,7 +504,7 @@ impl RecordMaker {
 
 /// Log lines and GoatCounter rows: one event per line.
 async fn events(
-    store: &SqliteStore,
+    store: &dyn Store,
     job: &ImportJob,
     rejects: &mut Rejects,
 ) -> anyhow::Result<ImportReport> {

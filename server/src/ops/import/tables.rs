@@ -22,8 +22,7 @@ use tally_wire::Numbers;
 
 use super::{ImportJob, ImportReport, LineCapped, Parsed, Rejects, TOO_LONG, pace};
 use crate::core::ids::PagePath;
-use crate::store::SiteStore;
-use crate::store::sqlite::{DailyImport, SqliteStore};
+use crate::store::{DailyImport, Store};
 
 /// Largest count one imported row may carry (a trillion views of one page on one day).
 pub const MAX_COUNT: u64 = crate::store::MAX_IMPORTED_COUNT.unsigned_abs();
@@ -156,7 +155,7 @@ impl GoatColumns {
 
 /// Rows of `page,views[,visitors]` into the bases (`*` or empty page = the whole site).
 pub(super) async fn bases(
-    store: &SqliteStore,
+    store: &dyn Store,
     job: &ImportJob,
     rejects: &mut Rejects,
 ) -> anyhow::Result<ImportReport> {
@@ -210,7 +209,7 @@ pub(super) async fn bases(
 
 /// Writes daily aggregates in paced batches.
 struct DailyLane<'a> {
-    store: &'a SqliteStore,
+    store: &'a dyn Store,
     job: &'a ImportJob,
     rows: Vec<DailyImport>,
     written: u64,
@@ -262,7 +261,7 @@ fn number(row: &csv::StringRecord, i: Option<usize>, name: &str) -> Result<u64, 
 
 /// Tally's daily export, `day,page,views,visitors` (`*` = the whole site).
 pub(super) async fn tally_csv(
-    store: &SqliteStore,
+    store: &dyn Store,
     job: &ImportJob,
     rejects: &mut Rejects,
 ) -> anyhow::Result<ImportReport> {
@@ -325,7 +324,7 @@ type DayPage = (Date, Option<PagePath>);
 /// as per-page days, `imported_visitors*.csv` (date, visitors, pageviews) as whole-site days.
 /// Rows of one (day, page) from several hostnames are summed.
 pub(super) async fn plausible(
-    store: &SqliteStore,
+    store: &dyn Store,
     job: &ImportJob,
     rejects: &mut Rejects,
 ) -> anyhow::Result<ImportReport> {

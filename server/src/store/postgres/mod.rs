@@ -21,6 +21,7 @@
 //! `intern` maps names to ids, `write` commits batches, `read` answers queries, `verify`
 //! recounts and repairs, `prune` applies retention.
 
+mod export;
 mod intern;
 mod load;
 mod prune;
@@ -40,8 +41,9 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use super::{
-    BySource, CountsRaw, DayRow, EventRow, EventSink, Maintenance, PageRow, PruneReport,
-    ReferrerRow, Retention, SaltStore, Site, SiteStore, StatsReader, StoreError, VerifyReport,
+    BySource, CountsRaw, DailyImport, DayRow, EventRow, EventSink, ImportOptions, ImportSink,
+    Maintenance, PageRow, PruneReport, ReferrerRow, Retention, SaltStore, Site, SiteStore,
+    StatsReader, StoreError, VerifyReport,
 };
 use crate::core::filtered::{FilteredCounts, FilteredRow};
 use crate::core::ids::{PagePath, SiteId};
@@ -263,6 +265,16 @@ impl PgStore {
     }
 
     /// A pooled connection.
+    /// The schema this store reads and writes (the connection's `current_schema()`).
+    pub async fn current_schema(&self) -> Result<String, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT current_schema()::text", &[])
+            .await
+            .map_err(Fail::from)?;
+        Ok(row.get(0))
+    }
+
     pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, Fail> {
         Ok(self.pool.get().await?)
     }
@@ -280,7 +292,7 @@ impl EventSink for PgStore {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        retry("commit", || write::commit_batch(self, &records)).await
+        retry("commit", || write::commit_batch(self, &records, None)).await
     }
 
     async fn add_filtered(&self, rows: &[FilteredRow]) -> Result<(), StoreError> {
@@ -288,6 +300,30 @@ impl EventSink for PgStore {
             return Ok(());
         }
         retry("add_filtered", || write::add_filtered(self, rows)).await
+    }
+}
+
+#[async_trait]
+impl ImportSink for PgStore {
+    async fn import_events(
+        &self,
+        records: Vec<Record>,
+        options: ImportOptions,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        retry("import", || {
+            write::commit_batch(self, &records, Some(options))
+        })
+        .await
+    }
+
+    async fn import_daily(&self, site: &SiteId, rows: Vec<DailyImport>) -> Result<u64, StoreError> {
+        retry("import_daily", || {
+            write::import_daily(self, site.as_str(), &rows)
+        })
+        .await
     }
 }
 

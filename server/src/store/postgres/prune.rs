@@ -12,7 +12,8 @@ const CHUNK: i64 = 5000;
 /// Page scopes visited per transaction when pruning per-page counters.
 const SCOPES_PER_CHUNK: i64 = 500;
 
-async fn raise_marker(
+/// Raise marker `key` in `meta` to `value` (it never moves back).
+pub(super) async fn raise_marker(
     tx: &deadpool_postgres::Transaction<'_>,
     key: &str,
     value: i64,

@@ -15,11 +15,12 @@ use tally_wire::Numbers;
 use uuid::Uuid;
 
 use super::intern::Resolver;
+use super::prune::raise_marker;
 use super::{ALL_TIME, Fail, PgStore, day_num};
 use crate::core::filtered::FilteredRow;
 use crate::core::hit::HitKind;
 use crate::core::record::{Outcome, Record};
-use crate::store::StoreError;
+use crate::store::{DailyImport, IMPORTED_SOURCE, ImportOptions, StoreError};
 
 /// `kind` codes in `events`.
 pub(super) const KIND_PAGEVIEW: i16 = 0;
@@ -54,9 +55,13 @@ type VisitKey = (i64, i32, i64, i16, [u8; 16]);
 /// An all-time visitor row: (site, source, visitor, scope).
 type ReachKey = (i64, i16, [u8; 16], i64);
 
+/// Commit `records` in one transaction; `import` (the import lane, see
+/// [`crate::store::ImportSink`]) enters every id in the import ledger first and counts events
+/// older than its raw cut without keeping them raw.
 pub(super) async fn commit_batch(
     store: &PgStore,
     records: &[Record],
+    import: Option<ImportOptions>,
 ) -> Result<Vec<Outcome>, Fail> {
     let mut client = store.client().await?;
     let tx = client.transaction().await?;
@@ -119,6 +124,9 @@ pub(super) async fn commit_batch(
         }
         candidates.push(row);
     }
+    if import.is_some() {
+        candidates = enter_in_ledger(&tx, candidates).await?;
+    }
 
     // Keyed custom events: the key first.
     let mut keyed: Vec<(i64, &str, &str, Uuid)> = candidates
@@ -160,9 +168,22 @@ pub(super) async fn commit_batch(
         });
     }
 
-    // Raw events, in (site, event_id) order.
+    // Raw events, in (site, event_id) order; imported events before the raw cut are counted
+    // without a raw row, and the raw prune marker is raised past them.
     candidates.sort_by_key(|row| (row.site, row.record.event_id.uuid()));
-    let accepted = insert_events(&tx, &candidates).await?;
+    let cut = import.and_then(|o| o.raw_before_ms);
+    let (kept, not_kept): (Vec<&Row<'_>>, Vec<&Row<'_>>) = candidates
+        .iter()
+        .partition(|row| cut.is_none_or(|cut| row.record.at_ms >= cut));
+    let mut accepted = insert_events(&tx, &kept).await?;
+    if let Some(latest) = not_kept.iter().map(|row| row.record.at_ms).max() {
+        accepted.extend(
+            not_kept
+                .iter()
+                .map(|row| (row.site, row.record.event_id.uuid())),
+        );
+        raise_marker(&tx, "pruned_before_ms", latest.saturating_add(1)).await?;
+    }
     let mut orphan_keys = Vec::new();
     let mut views: Vec<&Row<'_>> = Vec::new();
     let mut event_deltas: BTreeMap<(i64, String, i32), i64> = BTreeMap::new();
@@ -216,6 +237,33 @@ pub(super) async fn commit_batch(
     tx.commit().await?;
     store.known().absorb(pending);
     Ok(outcomes)
+}
+
+/// Enter the ids of `candidates` in the import ledger (in id order); returns the candidates
+/// whose id was not there yet.
+async fn enter_in_ledger<'r>(
+    tx: &deadpool_postgres::Transaction<'_>,
+    candidates: Vec<&'r Row<'r>>,
+) -> Result<Vec<&'r Row<'r>>, Fail> {
+    let mut ids: Vec<Uuid> = candidates
+        .iter()
+        .map(|r| r.record.event_id.uuid())
+        .collect();
+    ids.sort_unstable();
+    let new: HashSet<Uuid> = tx
+        .query(
+            "INSERT INTO import_ledger (event_id) SELECT * FROM unnest($1::uuid[]) \
+             ON CONFLICT DO NOTHING RETURNING event_id",
+            &[&ids],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(candidates
+        .into_iter()
+        .filter(|r| new.contains(&r.record.event_id.uuid()))
+        .collect())
 }
 
 fn unzip4<A: Clone, B: ToString, C: ToString, D: Clone>(
@@ -579,4 +627,71 @@ pub(super) async fn set_base(
     tx.commit().await?;
     store.known().absorb(pending);
     Ok(())
+}
+
+/// Store imported daily aggregates of `site` (see [`crate::store::ImportSink::import_daily`]):
+/// each row replaces the one of its (scope, day), then each scope's all-time imported row is
+/// summed again.
+pub(super) async fn import_daily(
+    store: &PgStore,
+    site: &str,
+    rows: &[DailyImport],
+) -> Result<u64, Fail> {
+    let mut client = store.client().await?;
+    let tx = client.transaction().await?;
+    let mut resolver = Resolver::new(store, &tx, 0);
+    let site = resolver.site(site).await?;
+    let source = IMPORTED_SOURCE as i16;
+    let mut keyed: BTreeMap<(i64, i32), (i64, i64)> = BTreeMap::new();
+    for row in rows {
+        let day = day_num(row.day);
+        if day < 0 {
+            return Err(Fail::Store(StoreError::Invalid(format!(
+                "day {} is before 1970-01-01",
+                row.day
+            ))));
+        }
+        let path = row.page.as_ref().map_or("", |p| p.as_str());
+        let scope = resolver.page_uncapped(site, path).await?;
+        // A later row of the same (scope, day) replaces an earlier one, as in SQLite.
+        keyed.insert(
+            (scope, day),
+            (
+                i64::try_from(row.views).unwrap_or(i64::MAX),
+                i64::try_from(row.visitors).unwrap_or(i64::MAX),
+            ),
+        );
+    }
+    let (mut p, mut d, mut v, mut n) = (vec![], vec![], vec![], vec![]);
+    for ((scope, day), (views, visitors)) in &keyed {
+        p.push(*scope);
+        d.push(*day);
+        v.push(*views);
+        n.push(*visitors);
+    }
+    tx.execute(
+        "INSERT INTO counters (site, scope, source, day, views, visitors) \
+         SELECT $1::int8, u.scope, $2::int2, u.day, u.views, u.visitors \
+         FROM unnest($3::int8[], $4::int4[], $5::int8[], $6::int8[]) AS u(scope, day, views, visitors) \
+         ON CONFLICT (site, scope, source, day) DO UPDATE SET views = excluded.views, \
+         visitors = excluded.visitors",
+        &[&site, &source, &p, &d, &v, &n],
+    )
+    .await?;
+    let mut scopes: Vec<i64> = keyed.keys().map(|(scope, _)| *scope).collect();
+    scopes.dedup();
+    tx.execute(
+        "INSERT INTO counters (site, scope, source, day, views, visitors) \
+         SELECT $1, c.scope, $2::int2, -1, SUM(c.views), SUM(c.visitors) FROM counters c \
+         WHERE c.site = $1 AND c.source = $2 AND c.day >= 0 AND c.scope = ANY($3::int8[]) \
+         GROUP BY c.scope ORDER BY c.scope \
+         ON CONFLICT (site, scope, source, day) DO UPDATE SET views = excluded.views, \
+         visitors = excluded.visitors",
+        &[&site, &source, &scopes],
+    )
+    .await?;
+    let pending = resolver.into_pending();
+    tx.commit().await?;
+    store.known().absorb(pending);
+    Ok(rows.len() as u64)
 }

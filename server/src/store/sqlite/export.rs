@@ -1,52 +1,19 @@
-//! Streaming reads for `tally export`: rows go from SQLite to a callback one at a time, so an
-//! export takes constant memory at any size.
-//!
-//! Contract: each method opens its own read-only connection and reads inside one read
-//! transaction (a consistent snapshot while the server keeps writing), in a stable order
-//! (day, then page or event id). They are synchronous: call them from a blocking context.
-//! Daily rows carry what a web counter shows: counted web numbers plus imported aggregates
-//! (badge views are a separate source and not exported); page `None` is the whole site.
+//! [`ExportSource`] on SQLite: each method opens its own read-only connection and reads
+//! inside one read transaction (a consistent snapshot while the server keeps writing). The
+//! reads are synchronous inside the async methods: they block the calling thread, which only
+//! the `tally export` command does.
 
 use super::*;
+use crate::store::{DailyExportRow, EventExportRow, ExportSource, RowSink};
 
-/// One day of one page (or the whole site) of a site.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DailyExportRow {
-    pub day: Date,
-    /// `None` = the whole site.
-    pub page: Option<String>,
-    pub views: u64,
-    pub visitors: u64,
-}
-
-/// One raw event, or one day of a custom event's counter (`event_id` and `at_ms` absent).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventExportRow {
-    pub event_id: Option<String>,
-    pub at_ms: Option<i64>,
-    pub day: Date,
-    /// `pageview` or `event`.
-    pub kind: &'static str,
-    pub page: Option<String>,
-    pub name: Option<String>,
-    pub source: &'static str,
-    pub referrer: Option<String>,
-    pub count: u64,
-}
-
-/// Errors of the row callback pass through as `Backend` with their text.
-fn sink_error(e: std::io::Error) -> StoreError {
-    StoreError::Unavailable(format!("writing the export: {e}"))
-}
-
-impl SqliteStore {
-    /// Daily numbers per page and for the whole site over `from..=to`, in (day, page) order.
-    pub fn export_daily(
+#[async_trait(?Send)]
+impl ExportSource for SqliteStore {
+    async fn export_daily(
         &self,
         site: &SiteId,
         from: Date,
         to: Date,
-        out: &mut dyn FnMut(DailyExportRow) -> std::io::Result<()>,
+        out: RowSink<'_, DailyExportRow>,
     ) -> Result<u64, StoreError> {
         let mut conn = open_reader(&self.path)?;
         let tx = conn.transaction()?;
@@ -67,21 +34,19 @@ impl SqliteStore {
                 views: numbers.views,
                 visitors: numbers.visitors,
             })
-            .map_err(sink_error)?;
+            .map_err(crate::store::export_sink_error)?;
             n += 1;
         }
         Ok(n)
     }
 
-    /// Raw events (`raw` = true: every stored event, page views and custom events) or the
-    /// daily counters of custom events (`raw` = false) over `from..=to`.
-    pub fn export_events(
+    async fn export_events(
         &self,
         site: &SiteId,
         from: Date,
         to: Date,
         raw: bool,
-        out: &mut dyn FnMut(EventExportRow) -> std::io::Result<()>,
+        out: RowSink<'_, EventExportRow>,
     ) -> Result<u64, StoreError> {
         let mut conn = open_reader(&self.path)?;
         let tx = conn.transaction()?;
@@ -123,7 +88,7 @@ impl SqliteStore {
                 referrer: row.get(7)?,
                 count: row.get::<_, i64>(8)?.max(0) as u64,
             })
-            .map_err(sink_error)?;
+            .map_err(crate::store::export_sink_error)?;
             n += 1;
         }
         Ok(n)

@@ -1,14 +1,15 @@
 //! The import lane of the store: events from old logs and exports, and daily aggregates.
 //!
 //! Contract:
-//! - [`SqliteStore::import_events`] commits records like [`Store::commit`] (same counters,
+//! [`ImportSink`] on SQLite:
+//! - `import_events` commits records like [`Store::commit`] (same counters,
 //!   visitor sets and page cap) with two differences: every event id is first entered in the
 //!   `import_ledger` (an id already there is a `Duplicate`, so re-running an import counts
 //!   nothing twice, even after retention pruned its raw events), and events older than
 //!   [`ImportOptions::raw_before_ms`] are counted without being kept raw; the raw prune marker
 //!   (`meta.pruned_before_ms`) is raised past them in the same transaction, so `verify` treats
 //!   their rows exactly like rows whose raw events were pruned and never reports drift.
-//! - [`SqliteStore::import_daily`] stores daily aggregates (views, visitors of a page or the
+//! - `import_daily` stores daily aggregates (views, visitors of a page or the
 //!   whole site on a day) as counter rows of source [`IMPORTED_SOURCE`], replacing the row of
 //!   the same (scope, day) — so it is idempotent — and recomputes the scope's all-time
 //!   imported row. They add to the shown web numbers and are never recounted, like bases.
@@ -16,28 +17,11 @@
 //!   writer waits for at most one short batch.
 
 use super::*;
+use crate::store::{DailyImport, ImportOptions, ImportSink};
 
-/// How an import batch is committed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ImportOptions {
-    /// Events before this instant (ms since the epoch) are counted without being kept raw
-    /// (older than the raw-event retention); `None` keeps every raw event.
-    pub raw_before_ms: Option<i64>,
-}
-
-/// One imported daily aggregate.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DailyImport {
-    /// The page, or `None` for the whole site.
-    pub page: Option<PagePath>,
-    pub day: Date,
-    pub views: u64,
-    pub visitors: u64,
-}
-
-impl SqliteStore {
-    /// Commit imported records (see the module doc); one outcome per record, in order.
-    pub async fn import_events(
+#[async_trait]
+impl ImportSink for SqliteStore {
+    async fn import_events(
         &self,
         records: Vec<Record>,
         options: ImportOptions,
@@ -54,12 +38,7 @@ impl SqliteStore {
         .await
     }
 
-    /// Store daily aggregates of `site` (see the module doc); returns the rows written.
-    pub async fn import_daily(
-        &self,
-        site: &SiteId,
-        rows: Vec<DailyImport>,
-    ) -> Result<u64, StoreError> {
+    async fn import_daily(&self, site: &SiteId, rows: Vec<DailyImport>) -> Result<u64, StoreError> {
         let site = site.as_str().to_owned();
         let guard = Arc::clone(&self.guard);
         self.write(move |w| {

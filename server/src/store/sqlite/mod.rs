@@ -52,11 +52,11 @@ mod schema;
 mod verify;
 mod write;
 
+pub use crate::store::{DailyExportRow, EventExportRow};
+pub use crate::store::{DailyImport, ImportOptions};
 pub use backup::migration_backup_path;
 pub use dump::Dump;
-pub use export::{DailyExportRow, EventExportRow};
 use guard::FileGuard;
-pub use import::{DailyImport, ImportOptions};
 use intern::{Interned, Resolver};
 use read::{
     id_bound, insert_site, query_sites, read_counts, read_filtered, read_range_totals, read_series,
