@@ -41,11 +41,15 @@ enum Command {
     /// Manage sites.
     #[command(subcommand)]
     Site(SiteCommand),
-    /// Recount counters from raw events and report drift.
+    /// Recount counters from raw events and report drift. Safe while collectors run: a
+    /// repair goes site by site, and each site's commits wait for that site's recount only.
     Verify {
         /// Replace drifted counters with the recount.
         #[arg(long)]
         repair: bool,
+        /// Only this site (other sites' commits never wait for it on PostgreSQL).
+        #[arg(long)]
+        site: Option<String>,
     },
     /// Import history (server logs, GoatCounter, Plausible, a dead counter's numbers, a Tally
     /// daily export). Safe to run twice and while `tally serve` runs on the same database.
@@ -186,8 +190,16 @@ fn main() -> anyhow::Result<()> {
                 serve(config, store).await
             }
             Command::Site(cmd) => site(cmd, tally::open_store(&config).await?.as_ref()).await,
-            Command::Verify { repair } => {
-                verify(tally::open_store(&config).await?.as_ref(), repair).await
+            Command::Verify { repair, site } => {
+                let store = tally::open_store(&config).await?;
+                match site {
+                    None => verify(store.as_ref(), repair).await,
+                    Some(site) => {
+                        let id =
+                            SiteId::parse(&site).map_err(|e| anyhow::anyhow!("{site:?}: {e}"))?;
+                        report_verify(store.verify_site(&id, repair).await?)
+                    }
+                }
             }
             Command::Import {
                 format,
@@ -462,7 +474,11 @@ async fn copy_to(
 }
 
 async fn verify(store: &dyn tally::store::Store, repair: bool) -> anyhow::Result<()> {
-    let report = store.verify(repair).await?;
+    report_verify(store.verify(repair).await?)
+}
+
+/// Print a verify's drift and totals; exit 1 on drift left unrepaired.
+fn report_verify(report: tally::store::VerifyReport) -> anyhow::Result<()> {
     for d in &report.drift {
         println!(
             "drift {}: stored views/visitors {:?}, recount {:?}",

@@ -453,8 +453,15 @@ pub trait ExportSource: Send + Sync {
 /// Operator jobs: recount, retention, health.
 #[async_trait]
 pub trait Maintenance: Send + Sync {
-    /// Recount counters from raw events; with `repair`, replace drifted counters.
+    /// Recount counters from raw events; with `repair`, replace drifted counters. A repair
+    /// goes site by site where the backend has many writers (PostgreSQL), so each site's
+    /// commits wait for at most that site's recount.
     async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError>;
+
+    /// [`Maintenance::verify`] of one site only: the recount reads that site's rows, and a
+    /// repair rewrites them while other sites' commits go on (PostgreSQL) or wait for this
+    /// one site's recount only (SQLite's one writer). A site never counted checks nothing.
+    async fn verify_site(&self, site: &SiteId, repair: bool) -> Result<VerifyReport, StoreError>;
 
     /// Delete what `policy` no longer keeps, as of `now`, in small chunks (live traffic keeps
     /// flowing), and salts older than two days.

@@ -262,6 +262,14 @@ async fn caddy_log_with_a_host_filter_keeps_raw_events_within_retention(db: Db) 
     assert_eq!(events[0]["referrer"], "https://www.google.com/");
     assert_eq!(events[2]["time"], "2025-03-03T06:45:00Z");
     db.verify_clean().await;
+    let (ok, text) = db.run(&["verify", "--repair", "--site", "blog"]).await;
+    assert!(ok && text.contains(" 0 drifted"), "{text}");
+    assert!(
+        !text.contains("checked 0 "),
+        "the site's counters are checked: {text}"
+    );
+    let (ok, text) = db.run(&["verify", "--site", "nobody"]).await;
+    assert!(ok && text.contains("checked 0 counters"), "{text}");
 }
 
 // GoatCounter's current exports, as its documentation describes them: `UserAgent` is always

@@ -1165,6 +1165,53 @@ async fn top_pages_of_100k_pages(db: &impl Harness) {
     }
 }
 
+/// `verify_site` checks and repairs one site's rows only: another site's drift stays until
+/// its own verify, and a site never counted checks nothing.
+async fn verify_site_checks_and_repairs_one_site_only(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
+    let d = date(2026, 4, 1);
+    let t = SiteId::parse("t").expect("t");
+    store
+        .commit((0..20).map(|n| record(n, n % 3, "/a", d)).collect())
+        .await
+        .expect("commit s");
+    store
+        .commit(
+            (100..130)
+                .map(|n| Record {
+                    site: t.clone(),
+                    ..record(n, n % 4, "/a", d)
+                })
+                .collect(),
+        )
+        .await
+        .expect("commit t");
+    db.tamper(Tamper::PageAllTimeViews { page: "/a", by: 5 });
+    let clean = store.verify_site(&t, false).await.expect("verify t");
+    assert!(clean.checked > 0 && clean.drift.is_empty(), "{clean:?}");
+    let drifted = store.verify_site(&site_s(), false).await.expect("verify s");
+    assert_eq!(drifted.drift.len(), 1, "{drifted:?}");
+    assert!(drifted.drift[0].key.starts_with("s/"), "{drifted:?}");
+    let all = store.verify(false).await.expect("verify");
+    assert_eq!(all.checked, clean.checked + drifted.checked, "{all:?}");
+    let nothing = store.verify_site(&t, true).await.expect("repair t");
+    assert!(!nothing.repaired, "t had no drift: {nothing:?}");
+    assert_eq!(store.verify(false).await.expect("verify").drift.len(), 1);
+    let fixed = store.verify_site(&site_s(), true).await.expect("repair s");
+    assert!(fixed.repaired, "{fixed:?}");
+    assert!(store.verify(false).await.expect("verify").drift.is_empty());
+    let c = store
+        .counts(&site_s(), &PagePath::parse("/a").expect("p"), d)
+        .await
+        .expect("counts");
+    assert_eq!((c.page_all.web.views, c.page_all.web.visitors), (20, 3));
+    let never = SiteId::parse("never").expect("id");
+    assert_eq!(
+        store.verify_site(&never, true).await.expect("verify"),
+        tally::store::VerifyReport::default()
+    );
+}
+
 /// Runs every check above against one backend's [`Harness`], each on a fresh database.
 macro_rules! conformance {
     ($harness:ty; $($check:ident),* $(,)?) => {$(
@@ -1191,6 +1238,7 @@ macro_rules! backends {
                 visitors_seen_through_two_handles_count_once,
                 top_events_rank_limit_and_split_by_day,
                 verify_finds_and_repairs_drift,
+                verify_site_checks_and_repairs_one_site_only,
                 sites_round_trip,
                 list_sites_sees_every_configured_site,
                 ensure_site_respects_max_sites,
@@ -1671,6 +1719,92 @@ pub(crate) mod postgres {
             Err(other) => panic!("expected Invalid, got {other:?}"),
             Ok(_) => panic!("a newer schema must be refused"),
         }
+    }
+
+    /// A repair holds only its own site's lock: while site `s`'s lock is held (as a repair of
+    /// `s` holds it), another site's batch commits, and `s`'s batch waits for the lock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_site_repair_never_holds_another_sites_commits() {
+        let Some(db) = Db::new() else { return };
+        let store = db.open(1000).await;
+        let d = date(2026, 4, 1);
+        let t = SiteId::parse("t").expect("t");
+        let on_t = |n: u32| Record {
+            site: t.clone(),
+            ..view(n, n % 5, "/b", d)
+        };
+        store
+            .commit(vec![view(0, 0, "/a", d)])
+            .await
+            .expect("commit s");
+        store.commit(vec![on_t(1)]).await.expect("commit t");
+        let (mut client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        let conn = tokio::spawn(connection);
+        client
+            .batch_execute(&format!("SET search_path = {}", db.schema))
+            .await
+            .expect("search_path");
+        let lock = client.transaction().await.expect("begin");
+        let key: i64 = lock
+            .query_one(
+                "SELECT hashtextextended(current_schema() || ':site:' || id::text, 0) \
+                 FROM site_keys WHERE name = 's'",
+                &[],
+            )
+            .await
+            .expect("key")
+            .get(0);
+        lock.execute("SELECT pg_advisory_xact_lock($1)", &[&key])
+            .await
+            .expect("lock s");
+        let waiting = {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.commit(vec![view(2, 1, "/a", d)]).await })
+        };
+        // The batch of `s` queues behind the lock ...
+        let probe_url = db.url_in_schema();
+        crate::support::wait_until(|| {
+            let url = probe_url.clone();
+            async move {
+                let (c, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .expect("connect");
+                let task = tokio::spawn(connection);
+                let n: i64 = c
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                         AND NOT granted AND ((classid::int8 << 32) | objid::int8) = $1",
+                        &[&key],
+                    )
+                    .await
+                    .expect("locks")
+                    .get(0);
+                drop(c);
+                let _ = task.await;
+                n == 1
+            }
+        })
+        .await;
+        // ... while `t`'s commits go on.
+        for n in 10..15 {
+            store.commit(vec![on_t(n)]).await.expect("commit t");
+        }
+        assert!(!waiting.is_finished(), "s waits for its repair");
+        lock.commit().await.expect("release");
+        waiting
+            .await
+            .expect("join")
+            .expect("commit s after the lock");
+        drop(client);
+        let _ = conn.await;
+        let c = store
+            .counts(&t, &PagePath::parse("/b").expect("p"), d)
+            .await
+            .expect("counts");
+        assert_eq!(c.site_all.web.views, 6);
+        assert!(store.verify(false).await.expect("verify").drift.is_empty());
     }
 
     /// A repair while two stores keep committing: no batch is lost or counted twice.

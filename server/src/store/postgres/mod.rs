@@ -529,7 +529,18 @@ const SESSIONS_NOT_BEFORE: &str = "sessions_not_before_ms";
 #[async_trait]
 impl Maintenance for PgStore {
     async fn verify(&self, repair: bool) -> Result<VerifyReport, StoreError> {
-        let report = retry("verify", || verify::verify(self, repair)).await?;
+        let report = retry("verify", || verify::verify(self, None, repair)).await?;
+        if report.repaired {
+            self.known().clear();
+        }
+        Ok(report)
+    }
+
+    async fn verify_site(&self, site: &SiteId, repair: bool) -> Result<VerifyReport, StoreError> {
+        let report = retry("verify", || {
+            verify::verify(self, Some(site.as_str()), repair)
+        })
+        .await?;
         if report.repaired {
             self.known().clear();
         }

@@ -1,9 +1,10 @@
 //! Retention, as in SQLite (see `store::sqlite::prune`): every kind deleted in chunks of at
 //! most [`CHUNK`] rows per transaction, each kind's marker in `meta` raised in the same
 //! transaction as its deletions, so `verify` always knows what is gone. Every chunk holds the
-//! shared side of the repair lock, so a repair never sees half a chunk.
+//! prune lock exclusively (repairs share it), so a repair never sees half a chunk; commits
+//! never take it.
 
-use super::write::share_repair_lock;
+use super::write::PRUNE_LOCK;
 use super::{Fail, PgStore, id_bound, retry};
 use crate::store::{PruneReport, Retention, StoreError};
 
@@ -13,6 +14,16 @@ const CHUNK: i64 = 5000;
 const SCOPES_PER_CHUNK: i64 = 500;
 
 /// Raise marker `key` in `meta` to `value` (it never moves back).
+/// Hold the prune lock for this transaction (see the module doc).
+async fn lock_out_repairs(tx: &deadpool_postgres::Transaction<'_>) -> Result<(), Fail> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))",
+        &[&PRUNE_LOCK],
+    )
+    .await?;
+    Ok(())
+}
+
 pub(super) async fn raise_marker(
     tx: &deadpool_postgres::Transaction<'_>,
     key: &str,
@@ -85,7 +96,7 @@ pub(super) async fn prune(
 async fn prune_events(store: &PgStore, before_ms: i64) -> Result<u64, Fail> {
     let mut client = store.client().await?;
     let tx = client.transaction().await?;
-    share_repair_lock(&tx).await?;
+    lock_out_repairs(&tx).await?;
     // Event ids are UUIDv7: "older than" is a key range.
     let n = tx
         .execute(
@@ -104,7 +115,7 @@ async fn prune_events(store: &PgStore, before_ms: i64) -> Result<u64, Fail> {
 async fn prune_visits(store: &PgStore, before_day: i32) -> Result<u64, Fail> {
     let mut client = store.client().await?;
     let tx = client.transaction().await?;
-    share_repair_lock(&tx).await?;
+    lock_out_repairs(&tx).await?;
     raise_marker(&tx, "visitor_rows_before_day", i64::from(before_day)).await?;
     let n = tx
         .execute(
@@ -124,7 +135,7 @@ async fn prune_page_rows(
 ) -> Result<(u64, Option<i64>), Fail> {
     let mut client = store.client().await?;
     let tx = client.transaction().await?;
-    share_repair_lock(&tx).await?;
+    lock_out_repairs(&tx).await?;
     raise_marker(&tx, "page_rows_before_day", i64::from(before_day)).await?;
     let scopes = tx
         .query(

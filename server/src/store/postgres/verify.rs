@@ -2,14 +2,15 @@
 //! compared (see `store::sqlite::verify`), in PostgreSQL.
 //!
 //! A plain verify reads one REPEATABLE READ snapshot, so batches committing meanwhile are
-//! either wholly in it or wholly out. A repair takes the exclusive side of the repair lock
-//! (every commit and prune holds the shared side for its transaction): it starts once the
-//! batches in flight have committed, and new batches wait until it has committed, so a repair
-//! is safe while collectors run and no batch is lost or counted twice.
+//! either wholly in it or wholly out. A repair goes one site at a time, one transaction each:
+//! it holds that site's lock exclusively (every commit shares the lock of each site in its
+//! batch) and shares the prune lock (each prune chunk holds it exclusively). So it starts once
+//! the site's batches in flight have committed, the site's new batches wait until it has
+//! committed, other sites' batches never wait, and no batch is lost or counted twice.
 
 use std::fmt::Write as _;
 
-use super::write::REPAIR_LOCK;
+use super::write::{PRUNE_LOCK, SITE_LOCK};
 use super::{ALL_TIME, Fail, PgStore, num_day};
 use crate::store::{Drift, IMPORTED_SOURCE, VerifyReport};
 
@@ -39,6 +40,45 @@ const RECOUNT_EVENTS: &str = "
 
 const STORED_EVENTS: &str = "SELECT site, 0::int8 AS scope, -1::int2 AS source, name, day, \
                              count AS views, 0::int8 AS visitors FROM event_counters";
+
+/// Which rows a verify covers: a condition appended to every query (empty for all sites).
+#[derive(Debug, Clone, Default)]
+struct Only {
+    /// ` AND site = N`, or nothing.
+    site: String,
+    /// The same on the events of a join (`e.site`).
+    joined: String,
+}
+
+impl Only {
+    fn site(id: i64) -> Self {
+        Self {
+            site: format!(" AND site = {id}"),
+            joined: format!(" AND e.site = {id}"),
+        }
+    }
+
+    fn recount(&self) -> String {
+        RECOUNT
+            .replace("WHERE kind = 0", &format!("WHERE kind = 0{}", self.site))
+            .replace(
+                "WHERE e.kind = 0",
+                &format!("WHERE e.kind = 0{}", self.joined),
+            )
+    }
+
+    fn recount_events(&self) -> String {
+        RECOUNT_EVENTS.replace("WHERE kind = 1", &format!("WHERE kind = 1{}", self.site))
+    }
+
+    fn stored(&self) -> String {
+        format!("{STORED} WHERE TRUE{}", self.site)
+    }
+
+    fn stored_events(&self) -> String {
+        format!("{STORED_EVENTS} WHERE TRUE{}", self.site)
+    }
+}
 
 /// `scope` is a per-page scope (not a whole site's).
 const PAGE_ROW: &str = "scope NOT IN (SELECT id FROM pages WHERE path = '')";
@@ -162,73 +202,148 @@ async fn label(
     Ok(format!("{site_name}/{source}/{page}/{day}"))
 }
 
-pub(super) async fn verify(store: &PgStore, repair: bool) -> Result<VerifyReport, Fail> {
+/// The id of site `name`, if it was ever counted.
+async fn site_id(client: &deadpool_postgres::Client, name: &str) -> Result<Option<i64>, Fail> {
+    Ok(client
+        .query_opt("SELECT id FROM site_keys WHERE name = $1", &[&name])
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// Verify every site (`site` = `None`) or one; repairs go site by site (see the module doc).
+pub(super) async fn verify(
+    store: &PgStore,
+    site: Option<&str>,
+    repair: bool,
+) -> Result<VerifyReport, Fail> {
     let mut client = store.client().await?;
-    let tx = if repair {
-        let tx = client.transaction().await?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))",
-            &[&REPAIR_LOCK],
-        )
-        .await?;
-        tx
-    } else {
-        client
+    let only = match site {
+        None => None,
+        Some(name) => match site_id(&client, name).await? {
+            Some(id) => Some(id),
+            // Never counted: nothing to check.
+            None => return Ok(VerifyReport::default()),
+        },
+    };
+    if !repair {
+        let tx = client
             .build_transaction()
             .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
             .read_only(true)
             .start()
+            .await?;
+        let only = only.map_or_else(Only::default, Only::site);
+        let report = check(&tx, &only).await?.0;
+        tx.commit().await?;
+        return Ok(report);
+    }
+    let sites: Vec<i64> = match only {
+        Some(id) => vec![id],
+        None => client
+            .query("SELECT id FROM site_keys ORDER BY id", &[])
             .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect(),
     };
-    let cuts = Cuts::read(&tx).await?;
+    drop(client);
+    let mut report = VerifyReport::default();
+    for id in sites {
+        let one = repair_site(store, id).await?;
+        report.checked += one.checked;
+        report.drift.extend(one.drift);
+        report.repaired |= one.repaired;
+    }
+    Ok(report)
+}
+
+/// Compare the stored counters of `only` with their recount; also returns the cuts and the
+/// conditions a repair rewrites under.
+async fn check(
+    tx: &deadpool_postgres::Transaction<'_>,
+    only: &Only,
+) -> Result<(VerifyReport, Cuts, String, String), Fail> {
+    let cuts = Cuts::read(tx).await?;
     // Imported daily aggregates have no raw events: never compared nor rewritten.
     let counters = format!(
-        "source != {IMPORTED_SOURCE} AND {}",
-        cuts.comparable_sql(PAGE_ROW)
+        "source != {IMPORTED_SOURCE} AND {}{}",
+        cuts.comparable_sql(PAGE_ROW),
+        only.site
     );
-    let event_counters = cuts.comparable_sql("FALSE");
+    let event_counters = format!("{}{}", cuts.comparable_sql("FALSE"), only.site);
     let mut report = VerifyReport::default();
-    compare(&tx, (STORED, RECOUNT), &counters, false, &mut report).await?;
     compare(
-        &tx,
-        (STORED_EVENTS, RECOUNT_EVENTS),
+        tx,
+        (&only.stored(), &only.recount()),
+        &counters,
+        false,
+        &mut report,
+    )
+    .await?;
+    compare(
+        tx,
+        (&only.stored_events(), &only.recount_events()),
         &event_counters,
         true,
         &mut report,
     )
     .await?;
-    if repair && !report.drift.is_empty() {
+    Ok((report, cuts, counters, event_counters))
+}
+
+/// Recount site `id` and rewrite what drifted, in one transaction under its site lock.
+async fn repair_site(store: &PgStore, id: i64) -> Result<VerifyReport, Fail> {
+    let mut client = store.client().await?;
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))",
+        &[&PRUNE_LOCK],
+    )
+    .await?;
+    tx.execute(
+        &format!("SELECT pg_advisory_xact_lock({SITE_LOCK})"),
+        &[&id],
+    )
+    .await?;
+    let only = Only::site(id);
+    let (mut report, cuts, counters, event_counters) = check(&tx, &only).await?;
+    if !report.drift.is_empty() {
         let mut visit_days = format!("day >= {}", cuts.visitors);
         if let Some(cut) = cuts.raw {
             let _ = write!(visit_days, " AND day > {cut}");
         }
+        let (recount, recount_events) = (only.recount(), only.recount_events());
+        let (site, joined) = (&only.site, &only.joined);
         tx.batch_execute(&format!(
             "DELETE FROM counters WHERE {counters};
              INSERT INTO counters (site, scope, source, day, views, visitors)
-                 SELECT site, scope, source, day, views, visitors FROM ({RECOUNT}) r
+                 SELECT site, scope, source, day, views, visitors FROM ({recount}) r
                  WHERE {counters};
              DELETE FROM event_counters WHERE {event_counters};
              INSERT INTO event_counters (site, name, day, count)
-                 SELECT site, name, day, views FROM ({RECOUNT_EVENTS}) r WHERE {event_counters};
-             DELETE FROM visits WHERE {visit_days};
+                 SELECT site, name, day, views FROM ({recount_events}) r WHERE {event_counters};
+             DELETE FROM visits WHERE {visit_days}{site};
              INSERT INTO visits (site, day, scope, source, visitor)
                  SELECT site, day, page, source, visitor FROM events
-                     WHERE kind = 0 AND {visit_days}
+                     WHERE kind = 0 AND {visit_days}{site}
                  UNION SELECT e.site, e.day, p.id, e.source, e.visitor FROM events e
                      JOIN pages p ON p.site = e.site AND p.path = ''
-                     WHERE e.kind = 0 AND {visit_days}
+                     WHERE e.kind = 0 AND {visit_days}{joined}
                  ON CONFLICT DO NOTHING;"
         ))
         .await?;
         if cuts.raw.is_none() {
-            tx.execute("DELETE FROM reach", &[]).await?;
+            tx.execute(&format!("DELETE FROM reach WHERE TRUE{site}"), &[])
+                .await?;
         }
         tx.execute(
-            "INSERT INTO reach (site, source, visitor, page)
-                 SELECT site, source, visitor, page FROM events WHERE kind = 0
-                 UNION SELECT e.site, e.source, e.visitor, p.id FROM events e
-                     JOIN pages p ON p.site = e.site AND p.path = '' WHERE e.kind = 0
-             ON CONFLICT DO NOTHING",
+            &format!(
+                "INSERT INTO reach (site, source, visitor, page)
+                     SELECT site, source, visitor, page FROM events WHERE kind = 0{site}
+                     UNION SELECT e.site, e.source, e.visitor, p.id FROM events e
+                         JOIN pages p ON p.site = e.site AND p.path = '' WHERE e.kind = 0{joined}
+                 ON CONFLICT DO NOTHING"
+            ),
             &[],
         )
         .await?;

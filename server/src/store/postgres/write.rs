@@ -26,15 +26,26 @@ use crate::store::{DailyImport, IMPORTED_SOURCE, ImportOptions, StoreError};
 pub(super) const KIND_PAGEVIEW: i16 = 0;
 pub(super) const KIND_EVENT: i16 = 1;
 
-/// First key of the advisory lock that repairs hold exclusively and commits share (the
-/// second key is the schema's hash).
-pub(super) const REPAIR_LOCK: i32 = 0x7461_6c79;
+/// First key of the advisory lock of pruning (the second key is the schema's hash): each
+/// prune chunk holds it exclusively, each site's repair shares it, so a repair never sees half
+/// a chunk.
+pub(super) const PRUNE_LOCK: i32 = 0x7461_6c79;
 
-/// Take the shared side of the repair lock for this transaction.
-pub(super) async fn share_repair_lock(tx: &deadpool_postgres::Transaction<'_>) -> Result<(), Fail> {
+/// The advisory lock of one site's counters (`$1` = the site id, a single bigint key of the
+/// schema and the site): commits share it for every site of their batch, a repair of that
+/// site holds it exclusively.
+pub(super) const SITE_LOCK: &str =
+    "hashtextextended(current_schema() || ':site:' || ($1::int8)::text, 0)";
+
+/// Take the shared side of the site locks of `sites` (sorted) for this transaction.
+async fn share_site_locks(
+    tx: &deadpool_postgres::Transaction<'_>,
+    sites: &[i64],
+) -> Result<(), Fail> {
+    let lock = SITE_LOCK.replace("$1", "s");
     tx.execute(
-        "SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))",
-        &[&REPAIR_LOCK],
+        &format!("SELECT pg_advisory_xact_lock_shared({lock}) FROM unnest($1::int8[]) s"),
+        &[&sites],
     )
     .await?;
     Ok(())
@@ -65,7 +76,6 @@ pub(super) async fn commit_batch(
 ) -> Result<Vec<Outcome>, Fail> {
     let mut client = store.client().await?;
     let tx = client.transaction().await?;
-    share_repair_lock(&tx).await?;
     let mut resolver = Resolver::new(store, &tx, store.max_new_pages_per_day);
 
     // Ids, in key order (page-cap tallies are locked per (site, day)).
@@ -104,6 +114,11 @@ pub(super) async fn commit_batch(
         });
     }
     let rows: Vec<Row<'_>> = rows.into_iter().flatten().collect();
+    // A repair of one of these sites waits for this batch, or this batch for the repair.
+    let mut sites: Vec<i64> = rows.iter().map(|row| row.site).collect();
+    sites.sort_unstable();
+    sites.dedup();
+    share_site_locks(&tx, &sites).await?;
     let mut outcomes = vec![Outcome::Duplicate; records.len()];
 
     // Duplicates inside the batch: only the first record of an id or key is a candidate.

@@ -16,6 +16,9 @@
 //! sets of days after both the raw prune marker and the visitor prune marker
 //! (`meta.visitor_rows_before_day`), and refills the all-time sets from the stored events
 //! (rebuilding them only when no raw event was ever pruned). Pruned rows never come back.
+//!
+//! A verify of one site ([`Only::site`]) reads and rewrites that site's rows only: every query
+//! is narrowed at its source, so a repair holds the writer for one site's recount.
 
 use super::*;
 use crate::store::MAX_IMPORTED_COUNT;
@@ -41,14 +44,57 @@ const RECOUNT_EVENTS: &str = "
 
 const STORED_EVENTS: &str = "SELECT site, -1, name, day, count, 0 FROM event_counters";
 
+/// Which rows a verify covers: SQL conditions appended to the queries (empty for all sites).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Only {
+    /// On a table with a `site` column.
+    events: String,
+    /// On a table keyed by `scope`.
+    scopes: String,
+}
+
+impl Only {
+    /// Every site.
+    pub(super) fn all() -> Self {
+        Self::default()
+    }
+
+    /// The site of id `site` only.
+    pub(super) fn site(site: i64) -> Self {
+        Self {
+            events: format!(" AND site = {site}"),
+            scopes: format!(" AND scope IN (SELECT id FROM pages WHERE site = {site})"),
+        }
+    }
+
+    fn recount(&self) -> String {
+        RECOUNT.replace("WHERE kind = 0", &format!("WHERE kind = 0{}", self.events))
+    }
+
+    fn recount_events(&self) -> String {
+        RECOUNT_EVENTS.replace("WHERE kind = 1", &format!("WHERE kind = 1{}", self.events))
+    }
+
+    fn stored(&self) -> String {
+        format!("{STORED} WHERE 1{}", self.scopes)
+    }
+
+    fn stored_events(&self) -> String {
+        format!("{STORED_EVENTS} WHERE 1{}", self.events)
+    }
+}
+
 /// `column` within 0 and [`MAX_IMPORTED_COUNT`].
 fn clamp(column: &str) -> String {
     format!("MIN(MAX({column}, 0), {MAX_IMPORTED_COUNT})")
 }
 
 /// Imported day rows, and the same clamped to their bounds (shaped like [`RECOUNT`]).
-fn imported_days() -> (String, String) {
-    let rows = format!("FROM counters WHERE source = {IMPORTED_SOURCE} AND day >= 0");
+fn imported_days(only: &Only) -> (String, String) {
+    let rows = format!(
+        "FROM counters WHERE source = {IMPORTED_SOURCE} AND day >= 0{}",
+        only.scopes
+    );
     (
         format!("SELECT scope, source, '', day, views, visitors {rows}"),
         format!(
@@ -60,17 +106,19 @@ fn imported_days() -> (String, String) {
 }
 
 /// Imported all-time rows, and the sums of their (clamped) day rows.
-fn imported_all_time() -> (String, String) {
+fn imported_all_time(only: &Only) -> (String, String) {
     (
         format!(
             "SELECT scope, source, '', day, views, visitors FROM counters \
-             WHERE source = {IMPORTED_SOURCE} AND day = -1"
+             WHERE source = {IMPORTED_SOURCE} AND day = -1{}",
+            only.scopes
         ),
         format!(
             "SELECT scope, source, '', -1, SUM({}), SUM({}) FROM counters \
-             WHERE source = {IMPORTED_SOURCE} AND day >= 0 GROUP BY scope, source",
+             WHERE source = {IMPORTED_SOURCE} AND day >= 0{} GROUP BY scope, source",
             clamp("views"),
-            clamp("visitors")
+            clamp("visitors"),
+            only.scopes
         ),
     )
 }
@@ -200,6 +248,7 @@ fn label(
 
 pub(super) fn verify_counters(
     conn: &mut Connection,
+    only: &Only,
     repair: bool,
 ) -> Result<VerifyReport, StoreError> {
     let tx = conn.transaction_with_behavior(if repair {
@@ -210,32 +259,35 @@ pub(super) fn verify_counters(
     let cuts = Cuts::read(&tx)?;
     // Imported daily aggregates have no raw events: never compared nor rewritten.
     let counters = format!(
-        "source != {IMPORTED_SOURCE} AND {}",
-        cuts.comparable_sql(PAGE_ROW)
+        "source != {IMPORTED_SOURCE} AND {}{}",
+        cuts.comparable_sql(PAGE_ROW),
+        only.scopes
     );
     let event_counters = cuts.comparable_sql("0");
+    let (recount, recount_events) = (only.recount(), only.recount_events());
     let mut report = VerifyReport::default();
-    compare(&tx, STORED, RECOUNT, &counters, false, &mut report)?;
+    compare(&tx, &only.stored(), &recount, &counters, false, &mut report)?;
     compare(
         &tx,
-        STORED_EVENTS,
-        RECOUNT_EVENTS,
+        &only.stored_events(),
+        &recount_events,
         &event_counters,
         true,
         &mut report,
     )?;
-    let (stored, bounded) = imported_days();
+    let (stored, bounded) = imported_days(only);
     compare(&tx, &stored, &bounded, "1", false, &mut report)?;
-    let (stored, sums) = imported_all_time();
+    let (stored, sums) = imported_all_time(only);
     compare(&tx, &stored, &sums, "1", false, &mut report)?;
+    let scopes = &only.scopes;
     if repair && !report.drift.is_empty() {
         tx.execute_batch(&format!(
             "UPDATE counters SET views = {}, visitors = {}
-                 WHERE source = {IMPORTED_SOURCE} AND day >= 0;
-             DELETE FROM counters WHERE source = {IMPORTED_SOURCE} AND day = -1;
+                 WHERE source = {IMPORTED_SOURCE} AND day >= 0{scopes};
+             DELETE FROM counters WHERE source = {IMPORTED_SOURCE} AND day = -1{scopes};
              INSERT INTO counters (scope, source, day, views, visitors)
                  SELECT scope, source, -1, SUM(views), SUM(visitors) FROM counters
-                 WHERE source = {IMPORTED_SOURCE} AND day >= 0 GROUP BY scope, source;",
+                 WHERE source = {IMPORTED_SOURCE} AND day >= 0{scopes} GROUP BY scope, source;",
             clamp("views"),
             clamp("visitors")
         ))?;
@@ -247,25 +299,29 @@ pub(super) fn verify_counters(
             cuts.raw
                 .map_or(String::new(), |cut| format!(" AND day > {cut}"))
         );
+        let site = &only.events;
         tx.execute_batch(&format!(
             "DELETE FROM counters WHERE {counters};
              INSERT INTO counters (scope, source, day, views, visitors)
-                 SELECT scope, source, day, views, visitors FROM ({RECOUNT}) WHERE {counters};
-             DELETE FROM event_counters WHERE {event_counters};
+                 SELECT scope, source, day, views, visitors FROM ({recount}) WHERE {counters};
+             DELETE FROM event_counters WHERE {event_counters}{site};
              INSERT INTO event_counters (site, name, day, count)
-                 SELECT scope, name, day, views FROM ({RECOUNT_EVENTS}) WHERE {event_counters};
-             DELETE FROM visits WHERE {visit_days};
+                 SELECT scope, name, day, views FROM ({recount_events}) WHERE {event_counters};
+             DELETE FROM visits WHERE {visit_days}{scopes};
              INSERT OR IGNORE INTO visits (day, scope, source, visitor)
-                 SELECT day, page, source, visitor FROM events WHERE kind = 0 AND {visit_days}
+                 SELECT day, page, source, visitor FROM events
+                     WHERE kind = 0 AND {visit_days}{site}
                  UNION SELECT day, (SELECT id FROM pages WHERE site = e.site AND path = ''),
-                     source, visitor FROM events e WHERE kind = 0 AND {visit_days};"
+                     source, visitor FROM events e WHERE kind = 0 AND {visit_days}{site};"
         ))?;
         if cuts.raw.is_none() {
-            tx.execute("DELETE FROM reach", [])?;
+            tx.execute(&format!("DELETE FROM reach WHERE 1{site}"), [])?;
         }
         tx.execute(
-            "INSERT OR IGNORE INTO reach (site, source, visitor, page)
-                 SELECT site, source, visitor, page FROM events WHERE kind = 0",
+            &format!(
+                "INSERT OR IGNORE INTO reach (site, source, visitor, page)
+                     SELECT site, source, visitor, page FROM events WHERE kind = 0{site}"
+            ),
             [],
         )?;
         report.repaired = true;
