@@ -4,9 +4,13 @@
 //! prune lock exclusively (repairs share it), so a repair never sees half a chunk; commits
 //! never take it.
 
-use super::write::PRUNE_LOCK;
 use super::{Fail, PgStore, id_bound, retry};
 use crate::store::{PruneReport, Retention, StoreError};
+
+/// First key of the advisory lock of pruning (the second key is the schema's hash): each
+/// prune chunk holds it exclusively, each site's repair shares it, so a repair never sees half
+/// a chunk.
+pub(super) const PRUNE_LOCK: i32 = 0x7461_6c79;
 
 /// Rows deleted per transaction.
 const CHUNK: i64 = 5000;

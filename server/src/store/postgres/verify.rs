@@ -10,7 +10,8 @@
 
 use std::fmt::Write as _;
 
-use super::write::{PRUNE_LOCK, SITE_LOCK};
+use super::prune::PRUNE_LOCK;
+use super::write::SITE_LOCK;
 use super::{ALL_TIME, Fail, PgStore, num_day};
 use crate::store::{Drift, IMPORTED_SOURCE, VerifyReport};
 

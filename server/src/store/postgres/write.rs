@@ -26,11 +26,6 @@ use crate::store::{DailyImport, IMPORTED_SOURCE, ImportOptions, StoreError};
 pub(super) const KIND_PAGEVIEW: i16 = 0;
 pub(super) const KIND_EVENT: i16 = 1;
 
-/// First key of the advisory lock of pruning (the second key is the schema's hash): each
-/// prune chunk holds it exclusively, each site's repair shares it, so a repair never sees half
-/// a chunk.
-pub(super) const PRUNE_LOCK: i32 = 0x7461_6c79;
-
 /// The advisory lock of one site's counters (`$1` = the site id, a single bigint key of the
 /// schema and the site): commits share it for every site of their batch, a repair of that
 /// site holds it exclusively.
