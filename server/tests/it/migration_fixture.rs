@@ -169,6 +169,11 @@ async fn the_v5_fixture_opens_and_keeps_its_numbers() {
     opens_and_keeps_its_numbers(5).await;
 }
 
+#[tokio::test]
+async fn the_v6_fixture_opens_and_keeps_its_numbers() {
+    opens_and_keeps_its_numbers(6).await;
+}
+
 async fn opens_and_keeps_its_numbers(fixture_version: i64) {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("tally.sqlite");
@@ -193,6 +198,16 @@ async fn opens_and_keeps_its_numbers(fixture_version: i64) {
             && counters.contains("counters_scope ON counters (scope, source, day)"),
         "counters keyed day first (v6): {counters}"
     );
+    let v7: i64 = rusqlite::Connection::open(&path)
+        .expect("migrated file")
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' \
+             AND name IN ('shares', 'reports', 'report_sends')",
+            [],
+            |r| r.get(0),
+        )
+        .expect("tables");
+    assert_eq!(v7, 3, "the v7 tables are there");
     let page = PagePath::parse("/a").expect("page");
     let counts = store
         .counts(&site(), &page, date(2026, 3, 1))
