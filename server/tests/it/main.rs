@@ -26,6 +26,7 @@ mod openapi;
 mod overload;
 mod privacy;
 mod redis_shared;
+mod report_store;
 mod sessions;
 mod shared_conformance;
 mod store_conformance;
