@@ -69,6 +69,12 @@ pub struct Metrics {
     /// Views not counted that could not be added to their site's tally (the tally was full
     /// between two flushes); they are still in `tally_filtered_total`.
     pub filtered_untallied: Counter,
+    /// Email reports sent (scheduled and `--now` sends of this process).
+    pub reports_sent: Counter,
+    /// Email report sends that failed (each failed attempt once).
+    pub report_failures: Counter,
+    /// Scheduled report sends that failed and wait for their next try (as of the last pass).
+    pub reports_retry_waiting: Gauge<i64, AtomicI64>,
 }
 
 /// Every `status` of `tally_hits_total`.
@@ -221,6 +227,24 @@ impl Metrics {
             "Views not counted that were missing from their site's tally (tally full until its next flush)",
             filtered_untallied.clone(),
         );
+        let reports_sent = Counter::default();
+        registry.register(
+            "reports_sent",
+            "Email reports sent by this collector",
+            reports_sent.clone(),
+        );
+        let report_failures = Counter::default();
+        registry.register(
+            "report_failures",
+            "Email report send attempts that failed (retried with backoff)",
+            report_failures.clone(),
+        );
+        let reports_retry_waiting = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "reports_retry_waiting",
+            "Scheduled email reports that failed and wait for a retry",
+            reports_retry_waiting.clone(),
+        );
         let connections_cut = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "connections_cut",
@@ -261,6 +285,9 @@ impl Metrics {
             requests_refused,
             connections_cut,
             filtered_untallied,
+            reports_sent,
+            report_failures,
+            reports_retry_waiting,
         }
     }
 
