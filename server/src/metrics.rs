@@ -69,7 +69,9 @@ pub struct Metrics {
     /// Views not counted that could not be added to their site's tally (the tally was full
     /// between two flushes); they are still in `tally_filtered_total`.
     pub filtered_untallied: Counter,
-    /// Email reports sent (scheduled and `--now` sends of this process).
+    /// Passes of the report task over the schedules (it is alive while this grows).
+    pub report_checks: Counter,
+    /// Scheduled email reports sent by this process.
     pub reports_sent: Counter,
     /// Email report sends that failed (each failed attempt once).
     pub report_failures: Counter,
@@ -227,6 +229,12 @@ impl Metrics {
             "Views not counted that were missing from their site's tally (tally full until its next flush)",
             filtered_untallied.clone(),
         );
+        let report_checks = Counter::default();
+        registry.register(
+            "report_checks",
+            "Passes of the email report task over the schedules (with --smtp)",
+            report_checks.clone(),
+        );
         let reports_sent = Counter::default();
         registry.register(
             "reports_sent",
@@ -285,6 +293,7 @@ impl Metrics {
             requests_refused,
             connections_cut,
             filtered_untallied,
+            report_checks,
             reports_sent,
             report_failures,
             reports_retry_waiting,

@@ -116,6 +116,7 @@ impl Reporter {
             }
             Err(e) => tracing::debug!(error = %e, "counting report retries failed"),
         }
+        self.metrics.report_checks.inc();
     }
 
     /// Send `report`'s last ended period if it is due and this collector claims it.
