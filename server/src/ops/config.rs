@@ -925,6 +925,35 @@ mod tests {
     }
 
     #[test]
+    fn smtp_comes_from_the_file_or_flags_and_never_shows_its_password() {
+        let file: FileConfig = toml::from_str(
+            "smtp = \"smtps://me%40example.com:hunter2@mail.example.com\"\nmail-from = \"tally@example.com\"",
+        )
+        .expect("toml");
+        let c = ServeConfig::resolve(ServeArgs::default(), None, file).expect("valid");
+        let mail = c.mail.as_ref().expect("mail");
+        assert_eq!(mail.from.email.to_string(), "tally@example.com");
+        assert_eq!(mail.url.port, 465);
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
+        let args = ServeArgs {
+            smtp: Some("smtp://me:hunter2@mail.example.com?tls=none".into()),
+            ..ServeArgs::default()
+        };
+        let e = ServeConfig::resolve(args, None, FileConfig::default())
+            .expect_err("plain SMTP off loopback")
+            .to_string();
+        assert!(e.contains("tls=none") && !e.contains("hunter2"), "{e}");
+        let args = ServeArgs {
+            smtp: Some("smtp://127.0.0.1:25?tls=none".into()),
+            smtp_ca: Some("/nonexistent/ca.pem".into()),
+            ..ServeArgs::default()
+        };
+        let e = ServeConfig::resolve(args, None, FileConfig::default()).expect_err("no CA file");
+        assert!(e.to_string().contains("smtp-ca"), "{e}");
+        assert!(ServeConfig::for_db("t.sqlite").mail.is_none());
+    }
+
+    #[test]
     fn unknown_file_keys_are_errors() {
         assert!(toml::from_str::<FileConfig>("listne = \"1.2.3.4:1\"").is_err());
     }

@@ -184,13 +184,24 @@ pub fn parse_address(raw: &str) -> Result<Mailbox, MailError> {
 }
 
 /// What sending mail needs, checked at startup.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct MailSettings {
     pub url: SmtpUrl,
     /// The sender of every report.
     pub from: Mailbox,
     /// Extra trusted roots (PEM) for a private relay.
     pub ca_pem: Option<Vec<u8>>,
+}
+
+/// The relay without its password, the sender, and whether a CA file is set.
+impl std::fmt::Debug for MailSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MailSettings")
+            .field("url", &self.url)
+            .field("from", &self.from.to_string())
+            .field("ca", &self.ca_pem.as_ref().map(|_| "set"))
+            .finish()
+    }
 }
 
 impl MailSettings {

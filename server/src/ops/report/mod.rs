@@ -158,9 +158,14 @@ impl Reporter {
         match sent {
             Ok(()) => {
                 self.metrics.reports_sent.inc();
-                self.store.mark_sent(&key, &self.holder, done_ms).await?;
-                tracing::info!(site = %key.site, every = %key.every, period = %key.period,
-                    "report sent");
+                if self.store.mark_sent(&key, &self.holder, done_ms).await? {
+                    tracing::info!(site = %key.site, every = %key.every, period = %key.period,
+                        "report sent");
+                } else {
+                    // The send outlived its lease and another collector took it over.
+                    tracing::warn!(site = %key.site, every = %key.every, period = %key.period,
+                        "report sent after its lease expired; it may go out twice");
+                }
                 Ok(())
             }
             Err(e) => {
