@@ -201,33 +201,16 @@ async fn the_report_cli_adds_lists_and_stops_schedules_and_checks_its_input() {
         add_site(store.as_ref()).await;
     }
     let db = db.to_str().expect("path");
-    let (ok, out) = run(&[
-        "--db",
-        db,
-        "site",
-        "report",
-        "blog",
-        "--to",
-        "ann@example.com",
-        "--every",
-        "week",
-    ])
-    .await;
+    let report = |args: &'static [&'static str]| {
+        let mut all = vec!["--db", db, "site", "report", "blog"];
+        all.extend_from_slice(args);
+        async move { run(&all).await }
+    };
+    let (ok, out) = report(&["--to", "ann@example.com", "--every", "week"]).await;
     assert!(ok && out.contains("added"), "{out}");
-    let (ok, out) = run(&[
-        "--db",
-        db,
-        "site",
-        "report",
-        "blog",
-        "--to",
-        "bob@example.com",
-        "--every",
-        "month",
-    ])
-    .await;
+    let (ok, out) = report(&["--to", "bob@example.com", "--every", "month"]).await;
     assert!(ok, "{out}");
-    let (ok, out) = run(&["--db", db, "site", "report", "blog"]).await;
+    let (ok, out) = report(&[]).await;
     assert!(ok, "{out}");
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
@@ -236,41 +219,27 @@ async fn the_report_cli_adds_lists_and_stops_schedules_and_checks_its_input() {
             "blog\tmonth\tbob@example.com"
         ]
     );
-    let (ok, out) = run(&[
-        "--db",
-        db,
-        "site",
-        "report",
-        "blog",
-        "--to",
-        "ann@example.com",
-        "--every",
-        "week",
-        "--stop",
-    ])
-    .await;
+    let (ok, out) = report(&["--to", "ann@example.com", "--every", "week", "--stop"]).await;
     assert!(ok && out.contains("removed"), "{out}");
-    let (ok, out) = run(&["--db", db, "site", "report", "blog"]).await;
+    let (ok, out) = report(&[]).await;
     assert_eq!((ok, out.trim()), (true, "blog\tmonth\tbob@example.com"));
     for (args, says) in [
         (
-            vec!["--to", "not an address", "--every", "week"],
+            &["--to", "not an address", "--every", "week"][..],
             "not an email address",
         ),
         (
-            vec!["--to", "ann@example.com", "--every", "fortnight"],
+            &["--to", "ann@example.com", "--every", "fortnight"][..],
             "fortnight",
         ),
         (
-            vec!["--to", "ann@example.com", "--every", "week", "--stop"],
+            &["--to", "ann@example.com", "--every", "week", "--stop"][..],
             "no week report",
         ),
-        (vec!["--to", "ann@example.com", "--now"], "--smtp"),
+        (&["--to", "ann@example.com", "--now"][..], "--smtp"),
     ] {
-        let mut all = vec!["--db", db, "site", "report", "blog"];
-        all.extend(args);
-        let (ok, out) = run(&all).await;
-        assert!(!ok && out.contains(says), "{all:?}: {out}");
+        let (ok, out) = report(args).await;
+        assert!(!ok && out.contains(says), "{args:?}: {out}");
     }
     let (ok, out) = run(&["--db", db, "site", "report", "nosuch"]).await;
     assert!(!ok && out.contains("no site nosuch"), "{out}");

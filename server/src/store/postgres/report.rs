@@ -60,6 +60,41 @@ fn schedule(row: &tokio_postgres::Row) -> Result<ReportSchedule, Fail> {
     })
 }
 
+/// `UPDATE report_sends SET {set}` of `key`'s row while `holder` holds it and it is not sent;
+/// `set` reads `extra` as `$6` and `$7`. Whether the row was changed.
+async fn update_held(
+    store: &PgStore,
+    key: &SendKey,
+    holder: &str,
+    set: &'static str,
+    extra: (i64, Option<&str>),
+) -> Result<bool, StoreError> {
+    let period = key.period.to_string();
+    let sql = format!(
+        "UPDATE report_sends SET {set} WHERE site = $1 AND recipient = $2 AND every = $3 \
+         AND period = $4 AND holder = $5 AND sent_ms IS NULL"
+    );
+    retry("update a report send", || async {
+        let client = store.client().await?;
+        let n = client
+            .execute(
+                &sql,
+                &[
+                    &key.site.as_str(),
+                    &key.recipient,
+                    &key.every.as_str(),
+                    &period,
+                    &holder,
+                    &extra.0,
+                    &extra.1,
+                ],
+            )
+            .await?;
+        Ok(n == 1)
+    })
+    .await
+}
+
 #[async_trait]
 impl ReportStore for PgStore {
     async fn add_report(&self, report: &ReportSchedule) -> Result<bool, StoreError> {
@@ -168,28 +203,8 @@ impl ReportStore for PgStore {
         holder: &str,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let period = key.period.to_string();
-        retry("mark a report sent", || async {
-            let client = self.client().await?;
-            let n = client
-                .execute(
-                    "UPDATE report_sends SET sent_ms = $6, attempts = attempts + 1, \
-                       last_error = NULL \
-                     WHERE site = $1 AND recipient = $2 AND every = $3 AND period = $4 \
-                       AND holder = $5 AND sent_ms IS NULL",
-                    &[
-                        &key.site.as_str(),
-                        &key.recipient,
-                        &key.every.as_str(),
-                        &period,
-                        &holder,
-                        &now_ms,
-                    ],
-                )
-                .await?;
-            Ok(n == 1)
-        })
-        .await
+        let set = "sent_ms = $6, attempts = attempts + 1, last_error = $7";
+        update_held(self, key, holder, set, (now_ms, None)).await
     }
 
     async fn mark_failed(
@@ -199,29 +214,8 @@ impl ReportStore for PgStore {
         error: &str,
         next_try_ms: i64,
     ) -> Result<bool, StoreError> {
-        let period = key.period.to_string();
-        retry("mark a report failed", || async {
-            let client = self.client().await?;
-            let n = client
-                .execute(
-                    "UPDATE report_sends SET attempts = attempts + 1, last_error = $6, \
-                       next_try_ms = $7, lease_until_ms = 0 \
-                     WHERE site = $1 AND recipient = $2 AND every = $3 AND period = $4 \
-                       AND holder = $5 AND sent_ms IS NULL",
-                    &[
-                        &key.site.as_str(),
-                        &key.recipient,
-                        &key.every.as_str(),
-                        &period,
-                        &holder,
-                        &error,
-                        &next_try_ms,
-                    ],
-                )
-                .await?;
-            Ok(n == 1)
-        })
-        .await
+        let set = "attempts = attempts + 1, next_try_ms = $6, last_error = $7, lease_until_ms = 0";
+        update_held(self, key, holder, set, (next_try_ms, Some(error))).await
     }
 
     async fn retries_waiting(&self) -> Result<u64, StoreError> {

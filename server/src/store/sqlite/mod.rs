@@ -33,7 +33,7 @@
 //! - `top_referrers` walks the events' primary key over the UUIDv7 range of its local days
 //!   widened by 26 h each side (any zone), then filters by the exact stored day.
 //!
-//! Files: this one opens the database and implements the five job traits ([`EventSink`],
+//! Files: this one opens the database and implements the job traits ([`EventSink`],
 //! [`StatsReader`], [`SiteStore`], [`SaltStore`], [`Maintenance`]); `schema` creates and migrates
 //! the tables, `intern` maps names to ids, `guard` checks disk and file, `write` commits
 //! batches, `durable` syncs the WAL beside the writer, `journal` keeps new visitor-set rows until they move in bulk, `read` answers queries, `verify` recounts and repairs, `prune` applies retention, `report` holds the email report schedules, their send leases and the visits read.

@@ -49,6 +49,39 @@ fn schedule(row: &rusqlite::Row<'_>) -> Result<ReportSchedule, StoreError> {
     })
 }
 
+impl SqliteStore {
+    /// `UPDATE report_sends SET {set}` of `key`'s row while `holder` holds it and it is not
+    /// sent; `set` reads `extra` as `?6` and `?7`. Whether the row was changed.
+    async fn update_held(
+        &self,
+        key: &SendKey,
+        holder: &str,
+        set: &'static str,
+        extra: (i64, Option<String>),
+    ) -> Result<bool, StoreError> {
+        let (key, holder) = (key.clone(), holder.to_owned());
+        self.write(move |w| {
+            let sql = format!(
+                "UPDATE report_sends SET {set} WHERE site = ?1 AND recipient = ?2 \
+                 AND every = ?3 AND period = ?4 AND holder = ?5 AND sent_ms IS NULL"
+            );
+            Ok(w.conn.execute(
+                &sql,
+                params![
+                    key.site.as_str(),
+                    key.recipient,
+                    key.every.as_str(),
+                    key.period.to_string(),
+                    holder,
+                    extra.0,
+                    extra.1
+                ],
+            )? == 1)
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl ReportStore for SqliteStore {
     async fn add_report(&self, report: &ReportSchedule) -> Result<bool, StoreError> {
@@ -147,23 +180,8 @@ impl ReportStore for SqliteStore {
         holder: &str,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let (key, holder) = (key.clone(), holder.to_owned());
-        self.write(move |w| {
-            Ok(w.conn.execute(
-                "UPDATE report_sends SET sent_ms = ?6, attempts = attempts + 1, last_error = NULL \
-                 WHERE site = ?1 AND recipient = ?2 AND every = ?3 AND period = ?4 \
-                   AND holder = ?5 AND sent_ms IS NULL",
-                params![
-                    key.site.as_str(),
-                    key.recipient,
-                    key.every.as_str(),
-                    key.period.to_string(),
-                    holder,
-                    now_ms
-                ],
-            )? == 1)
-        })
-        .await
+        let set = "sent_ms = ?6, attempts = attempts + 1, last_error = ?7";
+        self.update_held(key, holder, set, (now_ms, None)).await
     }
 
     async fn mark_failed(
@@ -173,25 +191,9 @@ impl ReportStore for SqliteStore {
         error: &str,
         next_try_ms: i64,
     ) -> Result<bool, StoreError> {
-        let (key, holder, error) = (key.clone(), holder.to_owned(), error.to_owned());
-        self.write(move |w| {
-            Ok(w.conn.execute(
-                "UPDATE report_sends SET attempts = attempts + 1, last_error = ?6, \
-                   next_try_ms = ?7, lease_until_ms = 0 \
-                 WHERE site = ?1 AND recipient = ?2 AND every = ?3 AND period = ?4 \
-                   AND holder = ?5 AND sent_ms IS NULL",
-                params![
-                    key.site.as_str(),
-                    key.recipient,
-                    key.every.as_str(),
-                    key.period.to_string(),
-                    holder,
-                    error,
-                    next_try_ms
-                ],
-            )? == 1)
-        })
-        .await
+        let set = "attempts = attempts + 1, next_try_ms = ?6, last_error = ?7, lease_until_ms = 0";
+        let extra = (next_try_ms, Some(error.to_owned()));
+        self.update_held(key, holder, set, extra).await
     }
 
     async fn retries_waiting(&self) -> Result<u64, StoreError> {
