@@ -223,6 +223,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_html_part_escapes_what_visitors_sent() {
+        let period = Period::last_complete(
+            crate::core::period::Every::Week,
+            jiff::civil::date(2026, 12, 3),
+        );
+        let row = |name: &str| TopRow {
+            name: name.into(),
+            views: Change { now: 2, before: 1 },
+        };
+        let s = Summary {
+            site: "blog".into(),
+            zone: "UTC".into(),
+            period,
+            previous: period.previous(),
+            views: Change { now: 4, before: 2 },
+            visitors: Change { now: 2, before: 1 },
+            visits: Change { now: 3, before: 1 },
+            pages: vec![row("/<script>alert(1)</script>")],
+            sources: vec![row("evil.example\"><img src=x>")],
+        };
+        let html = s.html().expect("render");
+        assert!(
+            !html.contains("<script>") && !html.contains("<img"),
+            "{html}"
+        );
+        assert!(html.contains("&#60;script&#62;"), "{html}");
+        assert!(
+            s.text().contains("/<script>alert(1)</script>"),
+            "plain text stays as sent"
+        );
+    }
+
+    #[test]
     fn changes_read_as_percentages() {
         assert_eq!(
             Change {
