@@ -124,6 +124,28 @@ pub async fn run(
         sites,
         redis,
     } = shared;
+    // Reports: only with --smtp; a relay the transport cannot be built for stops the start.
+    let reports = match &config.mail {
+        Some(mail) => {
+            let reporter = ops::report::Reporter {
+                store: store.clone(),
+                mailer: ops::report::mail::Mailer::new(mail)?,
+                clock: Arc::clone(&clock),
+                metrics: Arc::clone(&metrics),
+                holder: collect::secrets::random_bytes::<8>()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect(),
+            };
+            tracing::info!(relay = reporter.mailer.relay(), "email reports on");
+            Some(tokio::spawn(ops::report::report_loop(
+                reporter,
+                config.report_interval,
+                stop_tx.subscribe(),
+            )))
+        }
+        None => None,
+    };
     let collect = Arc::new(Collector::new(
         CollectParts {
             sites: Arc::new(SiteRegistry::new(
@@ -183,6 +205,9 @@ pub async fn run(
     let _ = pruner.await;
     let _ = flusher.await;
     let _ = sessions.await;
+    if let Some(reports) = reports {
+        let _ = reports.await;
+    }
     // No handler runs any more: the last views not counted go to the store.
     not_counted.flush(store.as_ref()).await;
     writer.await?;

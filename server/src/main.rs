@@ -148,6 +148,29 @@ enum SiteCommand {
         #[arg(long, default_value_t = 0)]
         visitors: u64,
     },
+    /// Email reports of a site: without an action, list them; with --to and --every, add one
+    /// (sent by `tally serve --smtp …` once each week or month has ended); --stop removes it;
+    /// --now sends the last ended week or month at once.
+    Report(Box<ReportArgs>),
+}
+
+#[derive(clap::Args)]
+struct ReportArgs {
+    id: String,
+    /// The recipient's address.
+    #[arg(long)]
+    to: Option<String>,
+    /// week (Monday to Sunday) or month, in the site's time zone.
+    #[arg(long, value_parser = ["week", "month"])]
+    every: Option<String>,
+    /// Send the last ended period now (with --every, default week); the schedule is untouched.
+    #[arg(long, conflicts_with = "stop")]
+    now: bool,
+    /// Remove the schedule of --to and --every.
+    #[arg(long)]
+    stop: bool,
+    #[command(flatten)]
+    mail: tally::ops::config::MailArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -179,6 +202,7 @@ fn main() -> anyhow::Result<()> {
     };
     let args = match &cli.command {
         Command::Serve(args) => (**args).clone(),
+        Command::Site(SiteCommand::Report(r)) => ServeArgs::mail_only(&r.mail),
         _ => ServeArgs::default(),
     };
     let config = ServeConfig::resolve(args, cli.db.clone(), file)?;
@@ -189,7 +213,9 @@ fn main() -> anyhow::Result<()> {
                 let store = tally::open_store(&config).await?;
                 serve(config, store).await
             }
-            Command::Site(cmd) => site(cmd, tally::open_store(&config).await?.as_ref()).await,
+            Command::Site(cmd) => {
+                site(cmd, &config, tally::open_store(&config).await?.as_ref()).await
+            }
             Command::Verify { repair, site } => {
                 let store = tally::open_store(&config).await?;
                 match site {
@@ -331,7 +357,11 @@ async fn serve(config: ServeConfig, store: Arc<dyn tally::store::Store>) -> anyh
     tally::run(listener, config, store, Arc::new(SystemClock), shutdown).await
 }
 
-async fn site(cmd: SiteCommand, store: &dyn tally::store::Store) -> anyhow::Result<()> {
+async fn site(
+    cmd: SiteCommand,
+    config: &ServeConfig,
+    store: &dyn tally::store::Store,
+) -> anyhow::Result<()> {
     match cmd {
         SiteCommand::Add {
             id,
@@ -425,6 +455,79 @@ async fn site(cmd: SiteCommand, store: &dyn tally::store::Store) -> anyhow::Resu
                 .map_or("the whole site".to_owned(), |p| p.as_str().to_owned());
             println!("base of {id} ({scope}) set to {views} views, {visitors} visitors");
         }
+        SiteCommand::Report(r) => report(*r, config, store).await?,
+    }
+    Ok(())
+}
+
+async fn report(
+    r: ReportArgs,
+    config: &ServeConfig,
+    store: &dyn tally::store::Store,
+) -> anyhow::Result<()> {
+    use tally::core::period::Every;
+    use tally::ops::report::mail::{Mailer, parse_address};
+    let id = SiteId::parse(&r.id).map_err(|e| anyhow::anyhow!("{:?}: {e}", r.id))?;
+    let site = store
+        .get_site(&id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no site {id}"))?;
+    let every = r.every.as_deref().map(Every::parse).transpose()?;
+    let to =
+        r.to.as_deref()
+            .map(|to| parse_address(to).map(|m| m.email.to_string()))
+            .transpose()?;
+    match (to, every) {
+        (Some(to), every) if r.now => {
+            let mail = config.mail.as_ref().ok_or_else(|| {
+                anyhow::anyhow!("--now needs an SMTP relay: --smtp or TALLY_SMTP")
+            })?;
+            let mailer = Mailer::new(mail)?;
+            let every = every.unwrap_or(Every::Week);
+            let period = tally::ops::report::send_now(
+                store,
+                &mailer,
+                &site,
+                &to,
+                every,
+                jiff::Timestamp::now(),
+            )
+            .await?;
+            println!("report of {id} for {} sent to {to}", period.title());
+        }
+        (Some(to), Some(every)) if r.stop => {
+            anyhow::ensure!(
+                store.remove_report(&id, &to, every).await?,
+                "no {every} report of {id} to {to}"
+            );
+            println!("{every} report of {id} to {to} removed");
+        }
+        (Some(to), Some(every)) => {
+            let schedule = tally::store::ReportSchedule {
+                site: id.clone(),
+                recipient: to.clone(),
+                every,
+                created_ms: jiff::Timestamp::now().as_millisecond(),
+            };
+            if store.add_report(&schedule).await? {
+                println!(
+                    "{every} report of {id} to {to} added: sent by `tally serve --smtp …` once \
+                     each {every} has ended ({})",
+                    site.zone.name()
+                );
+            } else {
+                println!("{every} report of {id} to {to} exists already");
+            }
+        }
+        (None, None) if !r.now && !r.stop => {
+            for s in store.list_reports(Some(&id)).await? {
+                println!("{}\t{}\t{}", s.site, s.every, s.recipient);
+            }
+        }
+        _ => anyhow::bail!(
+            "give --to ADDR --every week|month to add a report (with --stop to remove it), \
+             --to ADDR --now to send one now, or nothing to list them"
+        ),
     }
     Ok(())
 }

@@ -69,6 +69,14 @@ pub struct Metrics {
     /// Views not counted that could not be added to their site's tally (the tally was full
     /// between two flushes); they are still in `tally_filtered_total`.
     pub filtered_untallied: Counter,
+    /// Passes of the report task over the schedules (it is alive while this grows).
+    pub report_checks: Counter,
+    /// Scheduled email reports sent by this process.
+    pub reports_sent: Counter,
+    /// Email report sends that failed (each failed attempt once).
+    pub report_failures: Counter,
+    /// Scheduled report sends that failed and wait for their next try (as of the last pass).
+    pub reports_retry_waiting: Gauge<i64, AtomicI64>,
 }
 
 /// Every `status` of `tally_hits_total`.
@@ -221,6 +229,30 @@ impl Metrics {
             "Views not counted that were missing from their site's tally (tally full until its next flush)",
             filtered_untallied.clone(),
         );
+        let report_checks = Counter::default();
+        registry.register(
+            "report_checks",
+            "Passes of the email report task over the schedules (with --smtp)",
+            report_checks.clone(),
+        );
+        let reports_sent = Counter::default();
+        registry.register(
+            "reports_sent",
+            "Email reports sent by this collector",
+            reports_sent.clone(),
+        );
+        let report_failures = Counter::default();
+        registry.register(
+            "report_failures",
+            "Email report send attempts that failed (retried with backoff)",
+            report_failures.clone(),
+        );
+        let reports_retry_waiting = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "reports_retry_waiting",
+            "Scheduled email reports that failed and wait for a retry",
+            reports_retry_waiting.clone(),
+        );
         let connections_cut = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "connections_cut",
@@ -261,6 +293,10 @@ impl Metrics {
             requests_refused,
             connections_cut,
             filtered_untallied,
+            report_checks,
+            reports_sent,
+            report_failures,
+            reports_retry_waiting,
         }
     }
 

@@ -21,6 +21,7 @@ pub mod hit;
 pub mod ids;
 pub mod live;
 pub mod net;
+pub mod period;
 pub mod range;
 pub mod record;
 pub mod session;

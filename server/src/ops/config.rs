@@ -16,6 +16,7 @@ use crate::collect::secrets::{Secret, SecretSource, TokenError, check_token};
 use crate::core::forwarded::{ProxyError, ProxyHeader, TrustedProxies};
 use crate::core::hit::TimeWindow;
 use crate::edge::serve::ServerConfig;
+use crate::ops::report::mail::{MailError, MailSettings};
 use crate::store::sqlite::SyncMode;
 
 /// Options of `tally serve` as given on the command line or in the environment. Every field is
@@ -153,6 +154,45 @@ pub struct ServeArgs {
     /// Seconds shutdown waits for requests in flight before closing every connection.
     #[arg(long, env = "TALLY_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
+    /// SMTP relay of the email reports: smtps://user:pass@host:465 (implicit TLS),
+    /// smtp://user:pass@host:587 (STARTTLS required), or smtp://127.0.0.1:25?tls=none (plain,
+    /// loopback only). Unset: no reports are sent.
+    #[arg(long, env = "TALLY_SMTP", hide_env_values = true)]
+    pub smtp: Option<Secret>,
+    /// Sender of the reports (default: the SMTP user if it is an address, else tally@<relay>).
+    #[arg(long, env = "TALLY_MAIL_FROM")]
+    pub mail_from: Option<String>,
+    /// PEM certificate trusted for the SMTP relay besides the public roots (a private CA).
+    #[arg(long, env = "TALLY_SMTP_CA")]
+    pub smtp_ca: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// Only the mail options of `args` (what `tally site report` takes besides `serve`).
+    pub fn mail_only(args: &MailArgs) -> Self {
+        Self {
+            smtp: args.smtp.clone(),
+            mail_from: args.mail_from.clone(),
+            smtp_ca: args.smtp_ca.clone(),
+            ..Self::default()
+        }
+    }
+}
+
+/// The mail options of `tally site report`, the same flags, variables and file keys as
+/// `tally serve`'s.
+#[derive(Debug, Clone, Default, Args)]
+pub struct MailArgs {
+    /// SMTP relay: smtps://user:pass@host:465, smtp://user:pass@host:587 (STARTTLS), or
+    /// smtp://127.0.0.1:25?tls=none (loopback only).
+    #[arg(long, env = "TALLY_SMTP", hide_env_values = true)]
+    pub smtp: Option<Secret>,
+    /// Sender of the report.
+    #[arg(long, env = "TALLY_MAIL_FROM")]
+    pub mail_from: Option<String>,
+    /// PEM certificate trusted for the SMTP relay besides the public roots.
+    #[arg(long, env = "TALLY_SMTP_CA")]
+    pub smtp_ca: Option<PathBuf>,
 }
 
 /// The resolved configuration of a running collector.
@@ -198,6 +238,10 @@ pub struct ServeConfig {
     pub batch_concurrency: usize,
     /// Timeouts, connection cap and shutdown grace of the HTTP server loop.
     pub server: ServerConfig,
+    /// The SMTP relay and sender of the email reports (`--smtp`), if any.
+    pub mail: Option<MailSettings>,
+    /// How often the report task looks for due reports (a minute; tests shorten it).
+    pub report_interval: Duration,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -233,6 +277,8 @@ impl std::fmt::Debug for ServeConfig {
             .field("stats_concurrency", &self.stats_concurrency)
             .field("batch_concurrency", &self.batch_concurrency)
             .field("server", &self.server)
+            .field("mail", &self.mail)
+            .field("report_interval", &self.report_interval)
             .finish()
     }
 }
@@ -277,6 +323,9 @@ pub enum ConfigError {
     PageDays { page_days: u32, retention_days: u32 },
     #[error("{name} must be at least 1")]
     Zero { name: &'static str },
+    /// Never holds the SMTP password.
+    #[error(transparent)]
+    Mail(#[from] MailError),
 }
 
 /// Default database file.
@@ -526,7 +575,17 @@ impl ServeConfig {
         let default_listen: SocketAddr = DEFAULT_LISTEN
             .parse()
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8080)));
+        let mail = match args.smtp.or(f.smtp).filter(|u| !u.is_empty()) {
+            Some(url) => Some(MailSettings::resolve(
+                &url,
+                args.mail_from.or(f.mail_from).as_deref(),
+                args.smtp_ca.or(f.smtp_ca).as_deref(),
+            )?),
+            None => None,
+        };
         Ok(Self {
+            mail,
+            report_interval: Duration::from_secs(60),
             listen: args.listen.or(f.listen).unwrap_or(default_listen),
             db,
             db_pool,
@@ -863,6 +922,35 @@ mod tests {
         let none =
             ServeConfig::resolve(ServeArgs::default(), None, FileConfig::default()).expect("valid");
         assert!(none.trusted_proxies.is_empty());
+    }
+
+    #[test]
+    fn smtp_comes_from_the_file_or_flags_and_never_shows_its_password() {
+        let file: FileConfig = toml::from_str(
+            "smtp = \"smtps://me%40example.com:hunter2@mail.example.com\"\nmail-from = \"tally@example.com\"",
+        )
+        .expect("toml");
+        let c = ServeConfig::resolve(ServeArgs::default(), None, file).expect("valid");
+        let mail = c.mail.as_ref().expect("mail");
+        assert_eq!(mail.from.email.to_string(), "tally@example.com");
+        assert_eq!(mail.url.port, 465);
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
+        let args = ServeArgs {
+            smtp: Some("smtp://me:hunter2@mail.example.com?tls=none".into()),
+            ..ServeArgs::default()
+        };
+        let e = ServeConfig::resolve(args, None, FileConfig::default())
+            .expect_err("plain SMTP off loopback")
+            .to_string();
+        assert!(e.contains("tls=none") && !e.contains("hunter2"), "{e}");
+        let args = ServeArgs {
+            smtp: Some("smtp://127.0.0.1:25?tls=none".into()),
+            smtp_ca: Some("/nonexistent/ca.pem".into()),
+            ..ServeArgs::default()
+        };
+        let e = ServeConfig::resolve(args, None, FileConfig::default()).expect_err("no CA file");
+        assert!(e.to_string().contains("smtp-ca"), "{e}");
+        assert!(ServeConfig::for_db("t.sqlite").mail.is_none());
     }
 
     #[test]

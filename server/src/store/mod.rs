@@ -1,6 +1,7 @@
 //! Persistence, split by job: [`EventSink`] (the write path), [`StatsReader`] (what the
 //! dashboard and the APIs read), [`SiteStore`] (site configuration), [`SaltStore`] (the daily
-//! salts) and [`Maintenance`] (verify, prune, health). [`Store`] is all five; code takes the
+//! salts), [`Maintenance`] (verify, prune, health) and [`ReportStore`] (email report schedules
+//! and the lease of each send). [`Store`] is all six; code takes the
 //! job it does. Nothing here is shaped by one backend: a PostgreSQL store implements the same
 //! traits (async, `Send + Sync`, typed errors). The core (`crate::core`) imports none of it.
 //!
@@ -44,6 +45,7 @@ use tally_wire::Numbers;
 pub use crate::core::counts::{BySource, CountsRaw};
 use crate::core::filtered::{FilteredCounts, FilteredRow};
 use crate::core::ids::{PagePath, SiteId};
+use crate::core::period::Every;
 use crate::core::record::{Outcome, Record};
 
 /// Largest count an imported aggregate row holds (`tally import` refuses rows above it, and
@@ -297,6 +299,88 @@ pub trait StatsReader: Send + Sync {
         from: Date,
         to: Date,
     ) -> Result<FilteredCounts, StoreError>;
+
+    /// Visits of a site over the local days `from..=to`, by source: a visit is one visitor's
+    /// page views with no gap longer than [`VISIT_GAP_MS`], counted from raw events (window
+    /// functions in the database), so days whose raw events were pruned count none.
+    async fn visits(&self, site: &SiteId, from: Date, to: Date) -> Result<Visits, StoreError>;
+}
+
+/// The longest gap between two page views of one visit: 30 minutes.
+pub const VISIT_GAP_MS: i64 = 30 * 60 * 1000;
+
+/// Visits over a range ([`StatsReader::visits`]), by source like [`BySource`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Visits {
+    pub web: u64,
+    pub badge: u64,
+}
+
+/// A scheduled email report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportSchedule {
+    pub site: SiteId,
+    /// The address, checked by the caller (`ops::report`).
+    pub recipient: String,
+    pub every: Every,
+    pub created_ms: i64,
+}
+
+/// One report's send for one period: the key of its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendKey {
+    pub site: SiteId,
+    pub recipient: String,
+    pub every: Every,
+    /// The period's first local day.
+    pub period: Date,
+}
+
+/// Email report schedules and the lease of each send, shared by every collector on the
+/// database.
+///
+/// Contract: a send is claimed by ONE atomic statement ([`ReportStore::claim_send`]): it
+/// creates the period's row, or takes it over only when it is not sent, its lease has expired
+/// and its next try is due; of collectors claiming at once exactly one wins. Only the holder
+/// marks it sent or failed. A holder that dies between sending and marking leaves a lease
+/// that expires: the send can then happen once more, never more often.
+#[async_trait]
+pub trait ReportStore: Send + Sync {
+    /// Add a schedule; `false` when the same (site, recipient, every) exists already.
+    async fn add_report(&self, report: &ReportSchedule) -> Result<bool, StoreError>;
+    /// Remove a schedule (and its sends); `false` when there was none.
+    async fn remove_report(
+        &self,
+        site: &SiteId,
+        recipient: &str,
+        every: Every,
+    ) -> Result<bool, StoreError>;
+    /// The schedules of one site, or of every site (`None`), by site, recipient, every.
+    async fn list_reports(&self, site: Option<&SiteId>) -> Result<Vec<ReportSchedule>, StoreError>;
+    /// Claim `key` for `holder` until `lease_until_ms` when it is not sent and neither leased
+    /// nor waiting for a retry at `now_ms`: the attempts made so far, or `None` when another
+    /// holder has it, it went out, or its next try is later.
+    async fn claim_send(
+        &self,
+        key: &SendKey,
+        holder: &str,
+        now_ms: i64,
+        lease_until_ms: i64,
+    ) -> Result<Option<u32>, StoreError>;
+    /// Mark `key` sent at `now_ms`, if `holder` still holds it (`false` otherwise).
+    async fn mark_sent(&self, key: &SendKey, holder: &str, now_ms: i64)
+    -> Result<bool, StoreError>;
+    /// Record a failed attempt of `holder`: attempts + 1, the error, and the next try at
+    /// `next_try_ms` (`i64::MAX`: given up); the lease is released.
+    async fn mark_failed(
+        &self,
+        key: &SendKey,
+        holder: &str,
+        error: &str,
+        next_try_ms: i64,
+    ) -> Result<bool, StoreError>;
+    /// Sends that failed, are not given up and wait for their next try.
+    async fn retries_waiting(&self) -> Result<u64, StoreError>;
 }
 
 /// Site configuration: what `tally site …`, auto-sites and the site cache use.
@@ -479,11 +563,19 @@ pub trait Maintenance: Send + Sync {
     fn free_bytes(&self) -> Option<u64>;
 }
 
-/// A whole backend: every job. Implemented for any type that implements the seven job traits;
+/// A whole backend: every job. Implemented for any type that implements the eight job traits;
 /// code that needs one job takes that trait (`Arc<dyn SiteStore>` coerces from
 /// `Arc<dyn Store>`).
 pub trait Store:
-    EventSink + StatsReader + SiteStore + SaltStore + Maintenance + ImportSink + ExportSource + 'static
+    EventSink
+    + StatsReader
+    + SiteStore
+    + SaltStore
+    + Maintenance
+    + ImportSink
+    + ExportSource
+    + ReportStore
+    + 'static
 {
 }
 
@@ -495,6 +587,7 @@ impl<
         + Maintenance
         + ImportSink
         + ExportSource
+        + ReportStore
         + 'static,
 > Store for T
 {
@@ -504,6 +597,7 @@ impl<
 /// `use tally::store::prelude::*;`. Calls through `dyn Store` need no import.
 pub mod prelude {
     pub use super::{
-        EventSink, ExportSource, ImportSink, Maintenance, SaltStore, SiteStore, StatsReader, Store,
+        EventSink, ExportSource, ImportSink, Maintenance, ReportStore, SaltStore, SiteStore,
+        StatsReader, Store,
     };
 }

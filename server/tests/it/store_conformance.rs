@@ -1267,7 +1267,7 @@ backends! {
 }
 
 /// The SQLite harness, and what only SQLite has: the disk floor and the file's identity.
-mod sqlite_backend {
+pub(crate) mod sqlite_backend {
     use super::*;
     use tally::store::sqlite::{SqliteStore, StoreOptions, SyncMode};
 

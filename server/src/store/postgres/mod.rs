@@ -19,13 +19,15 @@
 //!
 //! Files: this one opens the pool and implements [`Store`]; `schema` holds the migrations,
 //! `intern` maps names to ids, `write` commits batches, `read` answers queries, `verify`
-//! recounts and repairs, `prune` applies retention.
+//! recounts and repairs, `prune` applies retention, `report` the email report schedules,
+//! their send leases and the visits read.
 
 mod export;
 mod intern;
 mod load;
 mod prune;
 mod read;
+mod report;
 mod schema;
 mod verify;
 mod write;
@@ -368,15 +370,7 @@ impl StatsReader for PgStore {
         to: Date,
         limit: u32,
     ) -> Result<Vec<ReferrerRow>, StoreError> {
-        // The local days' instants lie within UTC days from-1 .. to+1 for any time zone (the
-        // offsets span UTC-12 to UTC+14): the UUIDv7 range of those, with 26 h of slack.
-        const DAY_MS: i64 = 86_400_000;
-        const SLACK_MS: i64 = 26 * 3_600_000;
-        let (from_n, to_n) = (i64::from(day_num(from)), i64::from(day_num(to)));
-        let ids = (
-            id_bound(from_n.saturating_mul(DAY_MS).saturating_sub(SLACK_MS)),
-            id_bound((to_n + 1).saturating_mul(DAY_MS).saturating_add(SLACK_MS)),
-        );
+        let ids = event_id_range(from, to);
         read::top_referrers(
             self,
             site.as_str(),
@@ -395,6 +389,16 @@ impl StatsReader for PgStore {
         limit: u32,
     ) -> Result<Vec<EventRow>, StoreError> {
         read::top_events(self, site.as_str(), day_num(from), day_num(to), limit).await
+    }
+
+    async fn visits(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+    ) -> Result<crate::store::Visits, StoreError> {
+        let days = (day_num(from), day_num(to));
+        report::visits(self, site.as_str(), days, event_id_range(from, to)).await
     }
 
     async fn filtered(
@@ -578,6 +582,19 @@ impl Maintenance for PgStore {
 }
 
 /// The smallest UUIDv7 of an instant: ids at or after `ms` sort at or after it.
+/// The UUIDv7 range holding the events of the local days `from..=to`: their instants lie
+/// within UTC days from-1 .. to+1 for any time zone (the offsets span UTC-12 to UTC+14), so
+/// the range of those with 26 h of slack.
+pub(super) fn event_id_range(from: Date, to: Date) -> (uuid::Uuid, uuid::Uuid) {
+    const DAY_MS: i64 = 86_400_000;
+    const SLACK_MS: i64 = 26 * 3_600_000;
+    let (from_n, to_n) = (i64::from(day_num(from)), i64::from(day_num(to)));
+    (
+        id_bound(from_n.saturating_mul(DAY_MS).saturating_sub(SLACK_MS)),
+        id_bound((to_n + 1).saturating_mul(DAY_MS).saturating_add(SLACK_MS)),
+    )
+}
+
 pub(super) fn id_bound(ms: i64) -> uuid::Uuid {
     let mut bound = [0u8; 16];
     bound[..6].copy_from_slice(&u64::try_from(ms).unwrap_or(0).to_be_bytes()[2..]);

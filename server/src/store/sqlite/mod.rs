@@ -33,10 +33,10 @@
 //! - `top_referrers` walks the events' primary key over the UUIDv7 range of its local days
 //!   widened by 26 h each side (any zone), then filters by the exact stored day.
 //!
-//! Files: this one opens the database and implements the five job traits ([`EventSink`],
+//! Files: this one opens the database and implements the job traits ([`EventSink`],
 //! [`StatsReader`], [`SiteStore`], [`SaltStore`], [`Maintenance`]); `schema` creates and migrates
 //! the tables, `intern` maps names to ids, `guard` checks disk and file, `write` commits
-//! batches, `durable` syncs the WAL beside the writer, `journal` keeps new visitor-set rows until they move in bulk, `read` answers queries, `verify` recounts and repairs, `prune` applies retention.
+//! batches, `durable` syncs the WAL beside the writer, `journal` keeps new visitor-set rows until they move in bulk, `read` answers queries, `verify` recounts and repairs, `prune` applies retention, `report` holds the email report schedules, their send leases and the visits read.
 
 mod backup;
 mod dump;
@@ -48,6 +48,7 @@ mod intern;
 mod journal;
 mod prune;
 mod read;
+mod report;
 mod schema;
 mod verify;
 mod write;
@@ -595,6 +596,18 @@ impl StatsReader for SqliteStore {
     ) -> Result<Vec<EventRow>, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
         self.read(move |conn| read_top_events(conn, &site, from, to, limit))
+            .await
+    }
+
+    async fn visits(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+    ) -> Result<crate::store::Visits, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        let ids = referrer_id_range(from, to);
+        self.read(move |conn| report::read_visits(conn, &site, (from, to), ids))
             .await
     }
 
