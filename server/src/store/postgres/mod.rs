@@ -26,6 +26,7 @@ mod load;
 mod prune;
 mod read;
 mod schema;
+mod shares;
 mod verify;
 mod write;
 

@@ -49,6 +49,7 @@ mod journal;
 mod prune;
 mod read;
 mod schema;
+mod shares;
 mod verify;
 mod write;
 
