@@ -1,0 +1,462 @@
+//! Shared read-only links: `GET /share/{token}` (the site's dashboard, read-only),
+//! `POST /share/{token}` (a password-protected link's password form), the share bearer of the
+//! stats API, and the admin's "Share" forms (`POST /dashboard/{site}/shares`, `POST
+//! /dashboard/{site}/shares/{id}/revoke`).
+//!
+//! Contract:
+//! - A link is looked up in the store by its token's SHA-256 on every request (no cache), so
+//!   a revoked link is refused at once by every collector on the database; an expired one is
+//!   refused too (HTML page for the dashboard, JSON `share_revoked` / `share_expired` for the
+//!   API). A link opens its own site's dashboard and stats API, nothing else: no other site,
+//!   no admin page or form, no ingest.
+//! - A password-protected link needs its password cookie (see `collect::shares`), set by the
+//!   password form; a wrong password is a throttled guess (per client network, as in
+//!   `http::auth`). Revoking the link ends its cookie (the cookie names the link, which must be
+//!   in the store). Unknown tokens are charged as guesses too.
+//! - The admin forms need a signed-in session, its CSRF token (`http::auth`), and a
+//!   same-origin request (`Sec-Fetch-Site`, else `Origin` against `Host`): a cross-site post
+//!   is refused with 403 `cross_site` before anything changes.
+
+use std::net::SocketAddr;
+
+use askama::Template;
+use axum::Router;
+use axum::extract::rejection::{FormRejection, QueryRejection};
+use axum::extract::{ConnectInfo, Form, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use axum::routing::{get, post};
+use serde::Deserialize;
+
+use super::dashboard::{LimitQuery, RangeQuery, View, render, see_other};
+use super::ui::html;
+use super::{ApiError, AppState, SiteSegment};
+use crate::collect::shares::{
+    ShareCookieKey, TOKEN_PREFIX, new_share, password_matches, token_hash,
+};
+use crate::core::ids::SiteId;
+use crate::core::site::Site;
+use crate::store::Share;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/share/{token}", get(page).post(unlock))
+        .route("/dashboard/{site}/shares", post(create))
+        .route("/dashboard/{site}/shares/{id}/revoke", post(revoke))
+}
+
+/// Why a link does not open.
+enum Closed {
+    /// Unknown or revoked (the store cannot tell them apart: a revoked link is deleted).
+    Revoked,
+    Expired,
+}
+
+/// The live link of `token`, looked up in the store now. An unknown token is a guess.
+async fn find(
+    state: &AppState,
+    token: &str,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+) -> Result<Result<Share, Closed>, ApiError> {
+    let net = state.client_net(peer, headers);
+    let now = state.clock.now();
+    state
+        .auth
+        .before_guess(net, now)
+        .await
+        .map_err(|t| ApiError::RateLimited {
+            retry_after: t.retry_after,
+        })?;
+    match state.store.share_by_token_hash(&token_hash(token)).await? {
+        None => {
+            state.auth.failed_guess(net, now).await;
+            Ok(Err(Closed::Revoked))
+        }
+        Some(share) if !share.is_live(now.as_millisecond()) => Ok(Err(Closed::Expired)),
+        Some(share) => Ok(Ok(share)),
+    }
+}
+
+/// Whether a share bearer `token` may read `site`'s stats API: `Ok` or the JSON refusal.
+pub(super) async fn api_access(
+    state: &AppState,
+    token: &str,
+    site: &SiteId,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+) -> Result<(), ApiError> {
+    let share = match find(state, token, peer, headers).await? {
+        Ok(share) => share,
+        Err(Closed::Revoked) => {
+            return Err(ApiError::ShareRefused {
+                code: "share_revoked",
+                message: "this shared link does not exist or was revoked".into(),
+            });
+        }
+        Err(Closed::Expired) => {
+            return Err(ApiError::ShareRefused {
+                code: "share_expired",
+                message: "this shared link has expired".into(),
+            });
+        }
+    };
+    if share.site != *site {
+        return Err(ApiError::Forbidden {
+            code: "share_other_site",
+            message: "this shared link is for another site".into(),
+        });
+    }
+    let now_ms = state.clock.now().as_millisecond();
+    if share.password_hash.is_some() && !state.auth.has_share_cookie(headers, &share, now_ms) {
+        return Err(ApiError::ShareRefused {
+            code: "share_password_required",
+            message: "this shared link has a password: send the cookie its password form sets"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+#[derive(Template)]
+#[template(path = "share_closed.html")]
+struct ClosedPage {
+    expired: bool,
+}
+
+#[derive(Template)]
+#[template(path = "share_password.html")]
+struct PasswordPage {
+    site: String,
+    action: String,
+    failed: bool,
+    retry_after: Option<u64>,
+}
+
+fn closed_page(closed: Closed) -> Response {
+    let (status, expired) = match closed {
+        Closed::Revoked => (StatusCode::NOT_FOUND, false),
+        Closed::Expired => (StatusCode::GONE, true),
+    };
+    html(status, ClosedPage { expired }.render())
+}
+
+fn password_page(share: &Share, token: &str, failed: bool, retry_after: Option<u64>) -> Response {
+    let status = match retry_after {
+        Some(_) => StatusCode::TOO_MANY_REQUESTS,
+        None => StatusCode::UNAUTHORIZED,
+    };
+    let mut r = html(
+        status,
+        PasswordPage {
+            site: share.site.to_string(),
+            action: format!("/share/{token}"),
+            failed,
+            retry_after,
+        }
+        .render(),
+    );
+    if let Some(wait) = retry_after
+        && let Ok(v) = HeaderValue::from_str(&wait.to_string())
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+/// The path segment as a token (anything else is an unknown link, never a lookup).
+fn token_of(raw: &str) -> Option<&str> {
+    (raw.starts_with(TOKEN_PREFIX) && raw.len() <= 128).then_some(raw)
+}
+
+async fn page(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(raw): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<RangeQuery>, QueryRejection>,
+    limit: Result<Query<LimitQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Some(token) = token_of(&raw) else {
+        return Ok(closed_page(Closed::Revoked));
+    };
+    let share = match find(&state, token, peer, &headers).await {
+        Ok(Ok(share)) => share,
+        Ok(Err(closed)) => return Ok(closed_page(closed)),
+        Err(ApiError::RateLimited { retry_after }) => {
+            return Ok(html(
+                StatusCode::TOO_MANY_REQUESTS,
+                ClosedPage { expired: false }.render(),
+            )
+            .with_retry_after(retry_after));
+        }
+        Err(e) => return Err(e),
+    };
+    let now_ms = state.clock.now().as_millisecond();
+    if share.password_hash.is_some() && !state.auth.has_share_cookie(&headers, &share, now_ms) {
+        return Ok(password_page(&share, token, false, None));
+    }
+    let q = super::query(query)?;
+    let limit = super::query(limit)?;
+    let site = site_of(&state, &share.site).await?;
+    render(&state, &site, &q, &limit, peer, &headers, View::Shared).await
+}
+
+/// A [`Response`] with `Retry-After`.
+trait WithRetryAfter {
+    fn with_retry_after(self, secs: u64) -> Self;
+}
+
+impl WithRetryAfter for Response {
+    fn with_retry_after(mut self, secs: u64) -> Self {
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            self.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        self
+    }
+}
+
+async fn site_of(state: &AppState, id: &SiteId) -> Result<Site, ApiError> {
+    let site = state.collect.sites.get(id).await.map_err(|e| match e {
+        crate::collect::sites::SiteError::Unknown(_) => ApiError::NotFound(format!("no site {id}")),
+        other => other.into(),
+    })?;
+    Ok((*site).clone())
+}
+
+#[derive(Deserialize)]
+struct PasswordForm {
+    password: String,
+}
+
+async fn unlock(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(raw): Path<String>,
+    headers: HeaderMap,
+    form: Result<Form<PasswordForm>, FormRejection>,
+) -> Result<Response, ApiError> {
+    let Form(form) = form.map_err(|e| ApiError::bad("invalid_form", e.body_text()))?;
+    let Some(token) = token_of(&raw) else {
+        return Ok(closed_page(Closed::Revoked));
+    };
+    let share = match find(&state, token, peer, &headers).await {
+        Ok(Ok(share)) => share,
+        Ok(Err(closed)) => return Ok(closed_page(closed)),
+        Err(e) => return Err(e),
+    };
+    let Some(stored) = share.password_hash.clone() else {
+        return Ok(see_other(&format!("/share/{token}")));
+    };
+    let net = state.client_net(peer, &headers);
+    let now = state.clock.now();
+    if let Err(t) = state.auth.before_guess(net, now).await {
+        return Ok(password_page(&share, token, false, Some(t.retry_after)));
+    }
+    let given = form.password;
+    // argon2 is deliberately slow: off the runtime's workers.
+    let right = tokio::task::spawn_blocking(move || password_matches(&stored, &given))
+        .await
+        .unwrap_or(false);
+    if !right {
+        state.auth.failed_guess(net, now).await;
+        return Ok(password_page(&share, token, true, None));
+    }
+    let value = state.auth.share_cookie(&share, now.as_millisecond());
+    let mut r = see_other(&format!("/share/{token}"));
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "{}={value}; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age={}",
+        ShareCookieKey::name(&share),
+        state.auth.lifetime_secs()
+    )) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    Ok(r)
+}
+
+/// One link in the admin's list.
+pub struct ShareRowView {
+    pub id: String,
+    pub created: String,
+    pub expires: String,
+    pub password: bool,
+}
+
+/// The dashboard's "Share" section (a signed-in admin only).
+pub struct AdminShares {
+    /// The CSRF token of the forms.
+    pub csrf: String,
+    pub links: Vec<ShareRowView>,
+}
+
+fn when(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.strftime("%Y-%m-%d %H:%M UTC").to_string())
+        .unwrap_or_else(|_| ms.to_string())
+}
+
+/// The "Share" section of `site` for the admin of `headers`; `None` without a session (a
+/// bearer-token admin gets no forms).
+pub(super) async fn admin_shares(
+    state: &AppState,
+    site: &Site,
+    headers: &HeaderMap,
+) -> Result<Option<AdminShares>, ApiError> {
+    let now_ms = state.clock.now().as_millisecond();
+    let Some(csrf) = state.auth.csrf_token(headers, now_ms) else {
+        return Ok(None);
+    };
+    let links = state
+        .store
+        .list_shares(&site.id)
+        .await?
+        .into_iter()
+        .map(|s| ShareRowView {
+            expires: match s.expires_ms {
+                None => "never".into(),
+                Some(at) if at <= now_ms => format!("{} (expired)", when(at)),
+                Some(at) => when(at),
+            },
+            created: when(s.created_ms),
+            password: s.password_hash.is_some(),
+            id: s.id,
+        })
+        .collect();
+    Ok(Some(AdminShares { csrf, links }))
+}
+
+/// Refuse a cross-site post: `Sec-Fetch-Site` other than `same-origin`, or (from a browser
+/// that does not send it) an `Origin` whose host is not the request's `Host`.
+fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
+    let refused = || ApiError::Forbidden {
+        code: "cross_site",
+        message: "this form may only be sent from the dashboard itself".into(),
+    };
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    if let Some(site) = text("sec-fetch-site") {
+        return match site {
+            "same-origin" | "none" => Ok(()),
+            _ => Err(refused()),
+        };
+    }
+    if let Some(origin) = text(header::ORIGIN.as_str()) {
+        let host = text(header::HOST.as_str()).unwrap_or_default();
+        let origin_host = origin.split_once("://").map_or("", |(_, rest)| rest);
+        if origin_host != host {
+            return Err(refused());
+        }
+    }
+    Ok(())
+}
+
+/// The admin form's common start: same origin, a session, its CSRF token, the site.
+async fn admin_form(
+    state: &AppState,
+    raw: &str,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    csrf: &str,
+) -> Result<Site, ApiError> {
+    same_origin(headers)?;
+    let id = super::site_id(raw)?;
+    if !state.is_admin(peer, headers).await? {
+        return Err(ApiError::Unauthorized);
+    }
+    let now_ms = state.clock.now().as_millisecond();
+    if !state.auth.csrf_matches(headers, csrf, now_ms) {
+        return Err(ApiError::Forbidden {
+            code: "bad_csrf_token",
+            message: "the form's token is not this session's; reload the dashboard".into(),
+        });
+    }
+    site_of(state, &id).await
+}
+
+#[derive(Deserialize)]
+struct CreateForm {
+    csrf: String,
+    /// Days until the link expires; empty: never.
+    #[serde(default)]
+    expires_days: String,
+    /// Empty: no password.
+    #[serde(default)]
+    password: String,
+}
+
+/// Where a link is shown: under `--public-url` when set, else as a path.
+pub fn share_url(public_url: Option<&str>, token: &str) -> String {
+    format!("{}/share/{token}", public_url.unwrap_or_default())
+}
+
+#[derive(Template)]
+#[template(path = "share_created.html")]
+struct CreatedPage {
+    site: String,
+    url: String,
+    id: String,
+}
+
+async fn create(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    SiteSegment(raw): SiteSegment,
+    headers: HeaderMap,
+    form: Result<Form<CreateForm>, FormRejection>,
+) -> Result<Response, ApiError> {
+    let Form(form) = form.map_err(|e| ApiError::bad("invalid_form", e.body_text()))?;
+    let site = admin_form(&state, &raw, peer, &headers, &form.csrf).await?;
+    let days = match form.expires_days.trim() {
+        "" => None,
+        d => Some(d.parse::<u32>().map_err(|_| {
+            ApiError::bad("invalid_expiry", "expiry must be a whole number of days")
+        })?),
+    };
+    let password = Some(form.password).filter(|p| !p.is_empty());
+    let now_ms = state.clock.now().as_millisecond();
+    let site_id = site.id.clone();
+    let made =
+        tokio::task::spawn_blocking(move || new_share(&site_id, now_ms, days, password.as_deref()))
+            .await
+            .map_err(|_| ApiError::StorageUnavailable)?
+            .map_err(|e| ApiError::bad("invalid_share", e.to_string()))?;
+    state.store.create_share(&made.share).await?;
+    let url = share_url(state.options.public_url.as_deref(), &made.token);
+    Ok(html(
+        StatusCode::CREATED,
+        CreatedPage {
+            site: site.id.to_string(),
+            url,
+            id: made.share.id,
+        }
+        .render(),
+    ))
+}
+
+#[derive(Deserialize)]
+struct RevokeForm {
+    csrf: String,
+}
+
+async fn revoke(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((raw, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    form: Result<Form<RevokeForm>, FormRejection>,
+) -> Result<Response, ApiError> {
+    let Form(form) = form.map_err(|e| ApiError::bad("invalid_form", e.body_text()))?;
+    let site = admin_form(&state, &raw, peer, &headers, &form.csrf).await?;
+    let owned = state.store.list_shares(&site.id).await?;
+    if !owned.iter().any(|s| s.id == id) {
+        return Err(ApiError::NotFound(format!(
+            "no shared link {id:?} of site {}",
+            site.id
+        )));
+    }
+    state.store.revoke_share(&id).await?;
+    Ok(see_other(&format!("/dashboard/{}#share", site.id)))
+}
