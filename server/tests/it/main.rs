@@ -28,6 +28,7 @@ mod privacy;
 mod redis_shared;
 mod sessions;
 mod shared_conformance;
+mod shares;
 mod store_conformance;
 mod store_migration;
 mod store_size;
