@@ -226,6 +226,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("trusted_proxies", &self.trusted_proxies)
             .field("proxy_header", &self.proxy_header)
             .field("live_window_secs", &self.live_window_secs)
+            .field("public_url", &self.public_url)
             .field("repeat_interval_secs", &self.repeat_interval_secs)
             .field("rate_limit_per_minute", &self.rate_limit_per_minute)
             .field("address_limit_per_minute", &self.address_limit_per_minute)

@@ -6,7 +6,8 @@
 //! Bearer <token>` or the session cookie set by the login form (`POST /dashboard/{site}/login`;
 //! `HttpOnly; Secure; SameSite=Strict`; a signed, timestamped value that expires, see
 //! `http::auth`); `POST /dashboard/{site}/logout` ends it. Wrong tokens are throttled per client
-//! network (429). Every page path and referrer is attacker-controlled and is escaped by the
+//! network (429). A shared link's token (`Authorization: Bearer tsh_…`, see `http::share`)
+//! reads its one site read-only. Every page path and referrer is attacker-controlled and is escaped by the
 //! template engine; pages carry the CSP and framing headers of `http::ui`.
 //!
 //! Cost: every list is ranked and limited inside the database (at most 100 rows), and at most
@@ -242,9 +243,14 @@ enum StatsErrors {
     /// `invalid_limit` (`top`).
     #[response(status = 400)]
     BadRequest(ErrorBody),
-    /// `unauthorized`: a private site, and neither the admin token nor a session.
+    /// `unauthorized`: a private site, and neither the admin token, a session nor a shared
+    /// link's token (`Bearer tsh_…`); `share_revoked`, `share_expired`,
+    /// `share_password_required`: a shared link that does not open.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
+    /// `share_other_site`: a shared link's token for another site.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
     /// `not_found`: no such site.
     #[response(status = 404)]
     NotFound(ErrorBody),
