@@ -12,19 +12,12 @@ use tally::ops::config::ServeConfig;
 use tally::store::{Share, Store};
 use tokio::process::Command;
 
+use crate::sessions::http;
 use crate::store_conformance::postgres::Db;
 use crate::support::{Binary, Options, UA, spawn_app_with};
 
 const TOKEN: &str = "shares-admin-token-0123";
 const SECRET: &str = "a-shared-secret-of-the-two-collectors-012345";
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .user_agent(UA)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client")
-}
 
 /// `tally --db DB ARGS…` with `stdin`; its status and stdout.
 async fn tally(db: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
@@ -308,6 +301,18 @@ async fn login(c: &reqwest::Client, app: &Binary) -> String {
     set.split(';').next().expect("pair").to_owned()
 }
 
+/// The private dashboard as the admin of `cookie` sees it.
+async fn admin_page(c: &reqwest::Client, app: &Binary, cookie: &str) -> String {
+    c.get(app.url("/dashboard/secret"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("body")
+}
+
 fn csrf_of(page: &str) -> String {
     let at = page.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
     page[at..].split('"').next().expect("value").to_owned()
@@ -321,15 +326,7 @@ async fn the_share_section_is_the_admins_and_refuses_cross_site_forms() {
     let app = Binary::start_in(dir.path(), &["--admin-token", TOKEN]).await;
     let c = http();
     let cookie = login(&c, &app).await;
-    let page = c
-        .get(app.url("/dashboard/secret"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("body");
+    let page = admin_page(&c, &app, &cookie).await;
     assert!(page.contains("id=\"share\"") && page.contains("<h2 id=\"share-title\">Share</h2>"));
     assert!(
         page.contains("<label for=\"expires_days\">"),
@@ -396,15 +393,7 @@ async fn the_share_section_is_the_admins_and_refuses_cross_site_forms() {
         200,
         "the link works"
     );
-    let page = c
-        .get(app.url("/dashboard/secret"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("body");
+    let page = admin_page(&c, &app, &cookie).await;
     let id = page[page.find("shares/sh_").expect("listed") + 7..]
         .split('/')
         .next()

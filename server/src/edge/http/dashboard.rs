@@ -143,12 +143,7 @@ async fn authorised(
     headers: &HeaderMap,
 ) -> Result<(Site, bool), ApiError> {
     let id = super::site_id(raw)?;
-    let site = state.collect.sites.get(&id).await.map_err(|e| match e {
-        crate::collect::sites::SiteError::Unknown(_) => {
-            ApiError::NotFound(format!("no site {raw:?}"))
-        }
-        other => other.into(),
-    })?;
+    let site = site_of(state, &id).await?;
     if let Some(token) =
         super::auth::bearer(headers).filter(|t| t.starts_with(crate::collect::shares::TOKEN_PREFIX))
     {
@@ -164,6 +159,17 @@ async fn authorised(
         true => Ok(((*site).clone(), true)),
         false => Err(ApiError::Unauthorized),
     }
+}
+
+/// A configured site, or 404.
+pub(super) async fn site_of(
+    state: &AppState,
+    id: &crate::core::ids::SiteId,
+) -> Result<std::sync::Arc<Site>, ApiError> {
+    state.collect.sites.get(id).await.map_err(|e| match e {
+        crate::collect::sites::SiteError::Unknown(_) => ApiError::NotFound(format!("no site {id}")),
+        other => other.into(),
+    })
 }
 
 /// The JSON endpoints' common start: the query, the site (if the caller may see it), the range.
@@ -672,12 +678,17 @@ fn login_page(site: String, failed: bool, retry_after: Option<u64>) -> Response 
         }
         .render(),
     );
-    if let Some(wait) = retry_after
-        && let Ok(v) = HeaderValue::from_str(&wait.to_string())
-    {
-        r.headers_mut().insert(header::RETRY_AFTER, v);
+    if let Some(wait) = retry_after {
+        with_retry_after(&mut r, wait);
     }
     r
+}
+
+/// Add `Retry-After: secs` to an answer.
+pub(super) fn with_retry_after(r: &mut Response, secs: u64) {
+    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
 }
 
 fn share(n: u64, top: u64) -> u64 {

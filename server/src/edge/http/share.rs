@@ -28,7 +28,9 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use serde::Deserialize;
 
-use super::dashboard::{LimitQuery, RangeQuery, View, render, see_other};
+use super::dashboard::{
+    LimitQuery, RangeQuery, View, render, see_other, site_of, with_retry_after,
+};
 use super::ui::html;
 use super::{ApiError, AppState, SiteSegment};
 use crate::collect::shares::{
@@ -156,10 +158,8 @@ fn password_page(share: &Share, token: &str, failed: bool, retry_after: Option<u
         }
         .render(),
     );
-    if let Some(wait) = retry_after
-        && let Ok(v) = HeaderValue::from_str(&wait.to_string())
-    {
-        r.headers_mut().insert(header::RETRY_AFTER, v);
+    if let Some(wait) = retry_after {
+        with_retry_after(&mut r, wait);
     }
     r
 }
@@ -184,11 +184,12 @@ async fn page(
         Ok(Ok(share)) => share,
         Ok(Err(closed)) => return Ok(closed_page(closed)),
         Err(ApiError::RateLimited { retry_after }) => {
-            return Ok(html(
+            let mut r = html(
                 StatusCode::TOO_MANY_REQUESTS,
                 ClosedPage { expired: false }.render(),
-            )
-            .with_retry_after(retry_after));
+            );
+            with_retry_after(&mut r, retry_after);
+            return Ok(r);
         }
         Err(e) => return Err(e),
     };
@@ -200,28 +201,6 @@ async fn page(
     let limit = super::query(limit)?;
     let site = site_of(&state, &share.site).await?;
     render(&state, &site, &q, &limit, peer, &headers, View::Shared).await
-}
-
-/// A [`Response`] with `Retry-After`.
-trait WithRetryAfter {
-    fn with_retry_after(self, secs: u64) -> Self;
-}
-
-impl WithRetryAfter for Response {
-    fn with_retry_after(mut self, secs: u64) -> Self {
-        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-            self.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        self
-    }
-}
-
-async fn site_of(state: &AppState, id: &SiteId) -> Result<Site, ApiError> {
-    let site = state.collect.sites.get(id).await.map_err(|e| match e {
-        crate::collect::sites::SiteError::Unknown(_) => ApiError::NotFound(format!("no site {id}")),
-        other => other.into(),
-    })?;
-    Ok((*site).clone())
 }
 
 #[derive(Deserialize)]
@@ -373,7 +352,7 @@ async fn admin_form(
             message: "the form's token is not this session's; reload the dashboard".into(),
         });
     }
-    site_of(state, &id).await
+    Ok((*site_of(state, &id).await?).clone())
 }
 
 #[derive(Deserialize)]
