@@ -134,8 +134,29 @@ enum SiteCommand {
         #[arg(long)]
         rotate: bool,
     },
-    /// Remove a site's configuration (its counts stay in the database).
+    /// Remove a site's configuration (its counts stay in the database) and revoke its shared
+    /// links.
     Remove { id: String },
+    /// Make a shared read-only link to the site's dashboard and stats API; prints its id and URL.
+    Share {
+        id: String,
+        /// Days until the link stops working [default: never].
+        #[arg(long)]
+        expires: Option<u32>,
+        /// Protect the link with a password, read from TALLY_SHARE_PASSWORD or else one line
+        /// of stdin (never from the command line, which `ps` shows).
+        #[arg(long)]
+        password: bool,
+        /// The server's public base URL (https://stats.example.com) to print the link under;
+        /// also `public-url` in the config file.
+        #[arg(long, env = "TALLY_PUBLIC_URL")]
+        url: Option<String>,
+    },
+    /// List a site's shared links: id, created, expires, password.
+    Shares { id: String },
+    /// Revoke shared links at once on every collector: a link id (`sh_…`), or a site (all of
+    /// its links).
+    Unshare { target: String },
     /// Carry numbers over from a counter that shut down (busuanzi, hit counters): added to
     /// every shown total, never mixed into the raw-event recount.
     SetBase {
@@ -432,7 +453,56 @@ async fn site(
             if !store.remove_site(&id).await? {
                 anyhow::bail!("no site {id}");
             }
-            println!("site {id} removed");
+            let revoked = store.revoke_site_shares(&id).await?;
+            println!("site {id} removed; {revoked} shared link(s) revoked");
+        }
+        SiteCommand::Share {
+            id,
+            expires,
+            password,
+            url,
+        } => {
+            share(
+                store,
+                &id,
+                expires,
+                password,
+                url.as_deref().or(config.public_url.as_deref()),
+            )
+            .await?
+        }
+        SiteCommand::Shares { id } => {
+            let id = SiteId::parse(&id).map_err(|e| anyhow::anyhow!("{id:?}: {e}"))?;
+            anyhow::ensure!(store.get_site(&id).await?.is_some(), "no site {id}");
+            let when = |ms: i64| {
+                jiff::Timestamp::from_millisecond(ms).map_or(ms.to_string(), |t| t.to_string())
+            };
+            for s in store.list_shares(&id).await? {
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    s.id,
+                    when(s.created_ms),
+                    s.expires_ms.map_or("never".to_owned(), when),
+                    if s.password_hash.is_some() {
+                        "password"
+                    } else {
+                        "no-password"
+                    }
+                );
+            }
+        }
+        SiteCommand::Unshare { target } => {
+            if target.starts_with("sh_") {
+                anyhow::ensure!(
+                    store.revoke_share(&target).await?,
+                    "no shared link {target}"
+                );
+                println!("shared link {target} revoked");
+            } else {
+                let id = SiteId::parse(&target).map_err(|e| anyhow::anyhow!("{target:?}: {e}"))?;
+                let n = store.revoke_site_shares(&id).await?;
+                println!("{n} shared link(s) of {id} revoked");
+            }
         }
         SiteCommand::SetBase {
             id,
@@ -529,6 +599,45 @@ async fn report(
              --to ADDR --now to send one now, or nothing to list them"
         ),
     }
+    Ok(())
+}
+
+/// `tally site share`: make a link, print its id and URL (the token is shown only now).
+async fn share(
+    store: &dyn tally::store::Store,
+    id: &str,
+    expires: Option<u32>,
+    password: bool,
+    public_url: Option<&str>,
+) -> anyhow::Result<()> {
+    let id = SiteId::parse(id).map_err(|e| anyhow::anyhow!("{id:?}: {e}"))?;
+    anyhow::ensure!(store.get_site(&id).await?.is_some(), "no site {id}");
+    let password = match password {
+        false => None,
+        true => Some(match std::env::var("TALLY_SHARE_PASSWORD") {
+            Ok(p) if !p.is_empty() => p,
+            _ => {
+                let mut line = String::new();
+                std::io::stdin()
+                    .read_line(&mut line)
+                    .context("cannot read the password from stdin")?;
+                line.trim_end_matches(['\r', '\n']).to_owned()
+            }
+        }),
+    };
+    let now_ms = jiff::Timestamp::now().as_millisecond();
+    let made = tally::collect::shares::new_share(&id, now_ms, expires, password.as_deref())?;
+    store.create_share(&made.share).await?;
+    let base = public_url.map(|u| u.trim_end_matches('/'));
+    println!("{}", made.share.id);
+    println!("{}", tally::edge::http::share_url(base, &made.token));
+    if base.is_none() {
+        eprintln!(
+            "hint: this is a path on your server; give --url https://stats.example.com (or \
+             TALLY_PUBLIC_URL, or public-url in the config file) to print the whole address"
+        );
+    }
+    eprintln!("revoke it with: tally site unshare {}", made.share.id);
     Ok(())
 }
 

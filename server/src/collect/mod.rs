@@ -30,6 +30,7 @@ pub mod ingest;
 pub mod not_counted;
 pub mod privacy;
 pub mod secrets;
+pub mod shares;
 pub mod sites;
 
 use std::net::IpAddr;

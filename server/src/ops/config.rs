@@ -88,6 +88,10 @@ pub struct ServeArgs {
     /// Length of the live window in seconds.
     #[arg(long, env = "TALLY_LIVE_WINDOW_SECS")]
     pub live_window_secs: Option<u32>,
+    /// The public base URL of the server (https://stats.example.com): shared links are printed
+    /// and shown under it. Unset: they are shown as a path (`/share/…`).
+    #[arg(long, env = "TALLY_PUBLIC_URL")]
+    pub public_url: Option<String>,
     /// Records one client address may send to one site per minute before 429 (0 = no limit).
     #[arg(long, env = "TALLY_RATE_LIMIT_PER_MINUTE")]
     pub rate_limit_per_minute: Option<u32>,
@@ -224,6 +228,8 @@ pub struct ServeConfig {
     /// The header those proxies write.
     pub proxy_header: ProxyHeader,
     pub live_window_secs: u32,
+    /// The public base URL shared links are shown under (no trailing `/`), if known.
+    pub public_url: Option<String>,
     pub repeat_interval_secs: u32,
     pub rate_limit_per_minute: u32,
     pub address_limit_per_minute: u32,
@@ -264,6 +270,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("trusted_proxies", &self.trusted_proxies)
             .field("proxy_header", &self.proxy_header)
             .field("live_window_secs", &self.live_window_secs)
+            .field("public_url", &self.public_url)
             .field("repeat_interval_secs", &self.repeat_interval_secs)
             .field("rate_limit_per_minute", &self.rate_limit_per_minute)
             .field("address_limit_per_minute", &self.address_limit_per_minute)
@@ -617,6 +624,11 @@ impl ServeConfig {
             trusted_proxies,
             proxy_header: args.proxy_header.or(f.proxy_header).unwrap_or_default(),
             live_window_secs: args.live_window_secs.or(f.live_window_secs).unwrap_or(60),
+            public_url: args
+                .public_url
+                .or(f.public_url)
+                .map(|u| u.trim_end_matches('/').to_owned())
+                .filter(|u| !u.is_empty()),
             repeat_interval_secs: args
                 .repeat_interval_secs
                 .or(f.repeat_interval_secs)
@@ -703,6 +715,7 @@ impl ServeConfig {
             batch_concurrency: self.batch_concurrency,
             ingest_capacity: self.ingest.capacity,
             live_window_secs: self.live_window_secs,
+            public_url: self.public_url.clone(),
         }
     }
 

@@ -1,7 +1,8 @@
 //! Persistence, split by job: [`EventSink`] (the write path), [`StatsReader`] (what the
 //! dashboard and the APIs read), [`SiteStore`] (site configuration), [`SaltStore`] (the daily
-//! salts), [`Maintenance`] (verify, prune, health) and [`ReportStore`] (email report schedules
-//! and the lease of each send). [`Store`] is all six; code takes the
+//! salts), [`ShareStore`] (shared read-only links), [`Maintenance`] (verify, prune, health)
+//! and [`ReportStore`] (email report schedules and the lease of each send). [`Store`] is
+//! every job trait; code takes the
 //! job it does. Nothing here is shaped by one backend: a PostgreSQL store implements the same
 //! traits (async, `Send + Sync`, typed errors). The core (`crate::core`) imports none of it.
 //!
@@ -534,6 +535,65 @@ pub trait ExportSource: Send + Sync {
     ) -> Result<u64, StoreError>;
 }
 
+/// A shared read-only link of one site, as stored. The secret token is never stored: only its
+/// SHA-256 ([`Share::token_hash`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    /// The public name (`sh_` + 8 hex digits): listed, and used to revoke the link.
+    pub id: String,
+    pub site: SiteId,
+    /// SHA-256 of the link's secret token.
+    pub token_hash: [u8; 32],
+    /// The argon2 PHC string of the link's password, if it has one.
+    pub password_hash: Option<String>,
+    pub created_ms: i64,
+    /// When the link stops working (ms since 1970); `None`: never.
+    pub expires_ms: Option<i64>,
+}
+
+impl Share {
+    /// Whether the link still works at `now_ms` (it works until, not at, its expiry).
+    pub fn is_live(&self, now_ms: i64) -> bool {
+        self.expires_ms.is_none_or(|at| now_ms < at)
+    }
+}
+
+/// A `shares` row as read: id, site, token hash, password hash, created, expires.
+pub(crate) type ShareRow = (String, String, Vec<u8>, Option<String>, i64, Option<i64>);
+
+/// A stored row as a [`Share`] (a row no link could have written is [`StoreError::Invalid`]).
+pub(crate) fn share_from(row: ShareRow) -> Result<Share, StoreError> {
+    let (id, site, hash, password_hash, created_ms, expires_ms) = row;
+    Ok(Share {
+        site: SiteId::parse(&site)
+            .map_err(|e| StoreError::Invalid(format!("share {id:?}: site {site:?}: {e}")))?,
+        token_hash: hash.try_into().map_err(|_| {
+            StoreError::Invalid(format!("share {id:?}: token hash is not 32 bytes"))
+        })?,
+        id,
+        password_hash,
+        created_ms,
+        expires_ms,
+    })
+}
+
+/// Shared read-only links (`tally site share`), seen by every collector on the database: a
+/// link is looked up on every request, so a revoked one stops working at once everywhere.
+#[async_trait]
+pub trait ShareStore: Send + Sync {
+    /// Store a new link; [`StoreError::Invalid`] when its id or token hash is taken.
+    async fn create_share(&self, share: &Share) -> Result<(), StoreError>;
+    /// A site's links, oldest first (ties by id).
+    async fn list_shares(&self, site: &SiteId) -> Result<Vec<Share>, StoreError>;
+    /// The link whose token hashes to `token_hash`, expired or not.
+    async fn share_by_token_hash(&self, token_hash: &[u8; 32])
+    -> Result<Option<Share>, StoreError>;
+    /// Delete one link; whether it existed.
+    async fn revoke_share(&self, id: &str) -> Result<bool, StoreError>;
+    /// Delete every link of a site; how many there were.
+    async fn revoke_site_shares(&self, site: &SiteId) -> Result<u64, StoreError>;
+}
+
 /// Operator jobs: recount, retention, health.
 #[async_trait]
 pub trait Maintenance: Send + Sync {
@@ -563,7 +623,7 @@ pub trait Maintenance: Send + Sync {
     fn free_bytes(&self) -> Option<u64>;
 }
 
-/// A whole backend: every job. Implemented for any type that implements the eight job traits;
+/// A whole backend: every job. Implemented for any type that implements the nine job traits;
 /// code that needs one job takes that trait (`Arc<dyn SiteStore>` coerces from
 /// `Arc<dyn Store>`).
 pub trait Store:
@@ -575,6 +635,7 @@ pub trait Store:
     + ImportSink
     + ExportSource
     + ReportStore
+    + ShareStore
     + 'static
 {
 }
@@ -588,6 +649,7 @@ impl<
         + ImportSink
         + ExportSource
         + ReportStore
+        + ShareStore
         + 'static,
 > Store for T
 {
@@ -597,7 +659,7 @@ impl<
 /// `use tally::store::prelude::*;`. Calls through `dyn Store` need no import.
 pub mod prelude {
     pub use super::{
-        EventSink, ExportSource, ImportSink, Maintenance, ReportStore, SaltStore, SiteStore,
-        StatsReader, Store,
+        EventSink, ExportSource, ImportSink, Maintenance, ReportStore, SaltStore, ShareStore,
+        SiteStore, StatsReader, Store,
     };
 }

@@ -30,6 +30,7 @@ mod report_store;
 mod reports;
 mod sessions;
 mod shared_conformance;
+mod shares;
 mod smtp;
 mod store_conformance;
 mod store_migration;

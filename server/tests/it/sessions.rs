@@ -14,7 +14,8 @@ use crate::support::{Binary, UA, redis_cleanup, redis_url};
 const TOKEN: &str = "sessions-admin-token-0123";
 const SECRET: &str = "a-shared-secret-of-the-two-collectors-012345";
 
-fn http() -> reqwest::Client {
+/// A client that does not follow redirects (the forms answer 303).
+pub(crate) fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .user_agent(UA)
         .redirect(reqwest::redirect::Policy::none())

@@ -15,6 +15,10 @@
 //!   minute, then one every 6 s. A throttled network is refused before its guess is compared
 //!   (429 with `Retry-After`). Successes and anonymous requests cost nothing, and an expired or
 //!   forged cookie is not a guess (a 256-bit MAC cannot be guessed).
+//! - Shared links: a link's password cookie is signed by [`ShareCookieKey`] (server secret),
+//!   names its link and lasts `--session-hours`; a wrong password is a throttled guess like
+//!   any other. Admin forms carry a CSRF token ([`Auth::csrf_token`]): a MAC of the admin's
+//!   session value, so it is worthless without the session and ends with it.
 //! - The throttle is the collector's [`RateLimiter`] (`may_guess`, `wrong_guess`): in process
 //!   (bounded, keyed by a process-random hash: no address is kept), or shared by every
 //!   collector on one Redis (`--redis`), so N collectors still allow one network 10 a minute.
@@ -26,9 +30,11 @@ use axum::http::{HeaderMap, header};
 use jiff::Timestamp;
 
 use crate::collect::secrets::{Secret, ServerSecret};
+use crate::collect::shares::ShareCookieKey;
 use crate::core::net::ClientNet;
 use crate::core::session::SessionKey;
 use crate::state::RateLimiter;
+use crate::store::Share;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "tally_admin";
@@ -57,6 +63,8 @@ pub struct Auth {
     not_before_ms: AtomicI64,
     /// Counts wrong guesses per network (shared through Redis with `--redis`).
     limits: Arc<dyn RateLimiter>,
+    /// Signs the cookie a shared link's right password gives.
+    share_key: ShareCookieKey,
 }
 
 /// The credentials of `tally serve`.
@@ -86,6 +94,7 @@ impl Auth {
             lifetime_ms: i64::try_from(config.session_lifetime.as_millis()).unwrap_or(i64::MAX),
             not_before_ms: AtomicI64::new(i64::MIN),
             limits,
+            share_key: ShareCookieKey::new(secret),
         }
     }
 
@@ -132,10 +141,47 @@ impl Auth {
 
     /// The valid session's issue time, if the request carries one.
     fn session_of(&self, headers: &HeaderMap, now_ms: i64) -> Option<i64> {
+        self.session_value(headers, now_ms)
+            .map(|(issued, _)| issued)
+    }
+
+    /// The valid session's issue time and value, if the request carries one.
+    fn session_value<'a>(&self, headers: &'a HeaderMap, now_ms: i64) -> Option<(i64, &'a str)> {
         let key = self.session.as_ref()?;
         let not_before = self.not_before_ms.load(Ordering::Relaxed);
-        cookies(headers, COOKIE)
-            .find_map(|value| key.verify(value, now_ms, self.lifetime_ms, not_before).ok())
+        cookies(headers, COOKIE).find_map(|value| {
+            key.verify(value, now_ms, self.lifetime_ms, not_before)
+                .ok()
+                .map(|issued| (issued, value))
+        })
+    }
+
+    /// The CSRF token of the admin's forms: a MAC of the request's valid session value
+    /// (`None` without one: only a signed-in admin gets forms).
+    pub fn csrf_token(&self, headers: &HeaderMap, now_ms: i64) -> Option<String> {
+        let key = self.session.as_ref()?;
+        let (_, value) = self.session_value(headers, now_ms)?;
+        Some(key.tag("csrf", value).to_hex().to_string())
+    }
+
+    /// Whether `given` is the CSRF token of the request's valid session (constant time).
+    pub fn csrf_matches(&self, headers: &HeaderMap, given: &str, now_ms: i64) -> bool {
+        self.csrf_token(headers, now_ms)
+            .is_some_and(|token| crate::collect::secrets::constant_time_eq(&token, given))
+    }
+
+    /// A password cookie value for `share`, issued now.
+    pub fn share_cookie(&self, share: &Share, now_ms: i64) -> String {
+        self.share_key.issue(share, now_ms)
+    }
+
+    /// Whether the request carries a valid password cookie of `share`.
+    pub fn has_share_cookie(&self, headers: &HeaderMap, share: &Share, now_ms: i64) -> bool {
+        let name = ShareCookieKey::name(share);
+        cookies(headers, &name).any(|value| {
+            self.share_key
+                .verify(share, value, now_ms, self.lifetime_ms)
+        })
     }
 
     /// Whether the request is the admin's: a valid session cookie, or `Authorization: Bearer`

@@ -6,7 +6,8 @@
 //! Bearer <token>` or the session cookie set by the login form (`POST /dashboard/{site}/login`;
 //! `HttpOnly; Secure; SameSite=Strict`; a signed, timestamped value that expires, see
 //! `http::auth`); `POST /dashboard/{site}/logout` ends it. Wrong tokens are throttled per client
-//! network (429). Every page path and referrer is attacker-controlled and is escaped by the
+//! network (429). A shared link's token (`Authorization: Bearer tsh_…`, see `http::share`)
+//! reads its one site read-only. Every page path and referrer is attacker-controlled and is escaped by the
 //! template engine; pages carry the CSP and framing headers of `http::ui`.
 //!
 //! Cost: every list is ranked and limited inside the database (at most 100 rows), and at most
@@ -61,7 +62,7 @@ const EVENTS_LIMIT: u32 = 50;
 /// Range selection shared by the page and the JSON.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-struct RangeQuery {
+pub(super) struct RangeQuery {
     /// A named range ending today in the site's time zone (default `30d`).
     #[param(schema_with = range_names)]
     range: Option<String>,
@@ -77,7 +78,7 @@ struct RangeQuery {
 /// The length of the top lists (the page and `top`).
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-struct LimitQuery {
+pub(super) struct LimitQuery {
     /// Rows of each list, 1 to 100 (default 10).
     #[param(minimum = 1, maximum = 100)]
     limit: Option<u32>,
@@ -142,12 +143,13 @@ async fn authorised(
     headers: &HeaderMap,
 ) -> Result<(Site, bool), ApiError> {
     let id = super::site_id(raw)?;
-    let site = state.collect.sites.get(&id).await.map_err(|e| match e {
-        crate::collect::sites::SiteError::Unknown(_) => {
-            ApiError::NotFound(format!("no site {raw:?}"))
-        }
-        other => other.into(),
-    })?;
+    let site = site_of(state, &id).await?;
+    if let Some(token) =
+        super::auth::bearer(headers).filter(|t| t.starts_with(crate::collect::shares::TOKEN_PREFIX))
+    {
+        super::share_access::api_access(state, token, &site.id, peer, headers).await?;
+        return Ok(((*site).clone(), false));
+    }
     let admin = state.is_admin(peer, headers).await;
     if site.public {
         // A throttled guesser still sees what is public.
@@ -157,6 +159,17 @@ async fn authorised(
         true => Ok(((*site).clone(), true)),
         false => Err(ApiError::Unauthorized),
     }
+}
+
+/// A configured site, or 404.
+pub(super) async fn site_of(
+    state: &AppState,
+    id: &crate::core::ids::SiteId,
+) -> Result<std::sync::Arc<Site>, ApiError> {
+    state.collect.sites.get(id).await.map_err(|e| match e {
+        crate::collect::sites::SiteError::Unknown(_) => ApiError::NotFound(format!("no site {id}")),
+        other => other.into(),
+    })
 }
 
 /// The JSON endpoints' common start: the query, the site (if the caller may see it), the range.
@@ -236,9 +249,14 @@ enum StatsErrors {
     /// `invalid_limit` (`top`).
     #[response(status = 400)]
     BadRequest(ErrorBody),
-    /// `unauthorized`: a private site, and neither the admin token nor a session.
+    /// `unauthorized`: a private site, and neither the admin token, a session nor a shared
+    /// link's token (`Bearer tsh_…`); `share_revoked`, `share_expired`,
+    /// `share_password_required`: a shared link that does not open.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
+    /// `share_other_site`: a shared link's token for another site.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
     /// `not_found`: no such site.
     #[response(status = 404)]
     NotFound(ErrorBody),
@@ -612,6 +630,10 @@ struct DashboardPage {
     live_window: u32,
     /// The viewer is the admin (a sign-out button is shown).
     signed_in: bool,
+    /// Opened through a shared link: read-only, no admin controls.
+    shared: bool,
+    /// The "Share" section, for a signed-in admin.
+    admin: Option<super::share_access::AdminShares>,
     /// The site's own page with `#tally-ignore` (the snippet then stops counting this
     /// browser), when the site names an origin.
     ignore_url: Option<String>,
@@ -656,12 +678,17 @@ fn login_page(site: String, failed: bool, retry_after: Option<u64>) -> Response 
         }
         .render(),
     );
-    if let Some(wait) = retry_after
-        && let Ok(v) = HeaderValue::from_str(&wait.to_string())
-    {
-        r.headers_mut().insert(header::RETRY_AFTER, v);
+    if let Some(wait) = retry_after {
+        with_retry_after(&mut r, wait);
     }
     r
+}
+
+/// Add `Retry-After: secs` to an answer.
+pub(super) fn with_retry_after(r: &mut Response, secs: u64) {
+    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
 }
 
 fn share(n: u64, top: u64) -> u64 {
@@ -686,8 +713,35 @@ async fn page(
         }
         Err(e) => return Err(e),
     };
-    let (range, range_name) = q.resolve(&state, &site)?;
-    let _slot = state.stats_slot(state.client_net(peer, &headers)).await?;
+    let view = match signed_in {
+        true => View::Admin(super::share_access::admin_shares(&state, &site, &headers).await?),
+        false => View::Reader,
+    };
+    render(&state, &site, &q, &limit, peer, &headers, view).await
+}
+
+/// Who looks at a dashboard.
+pub(super) enum View {
+    /// Anyone allowed to read the site (public site, or the admin by bearer token).
+    Reader,
+    /// The signed-in admin: sign-out, and the share section when the session has forms.
+    Admin(Option<super::share_access::AdminShares>),
+    /// Someone holding a shared link: read-only.
+    Shared,
+}
+
+/// The dashboard of `site` for the range and limit asked.
+pub(super) async fn render(
+    state: &AppState,
+    site: &Site,
+    q: &RangeQuery,
+    limit: &LimitQuery,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    view: View,
+) -> Result<Response, ApiError> {
+    let (range, range_name) = q.resolve(state, site)?;
+    let _slot = state.stats_slot(state.client_net(peer, headers)).await?;
     let now = state.clock.now();
     let mut cards = Vec::new();
     for (name, label, id) in [
@@ -709,7 +763,7 @@ async fn page(
         .store
         .counts(&site.id, &PagePath::root(), site.zone.day_of(now))
         .await?;
-    let live = super::counts::live_of(&state, &site.id, now.as_millisecond()).await;
+    let live = super::counts::live_of(state, &site.id, now.as_millisecond()).await;
     let all = crate::core::counts::present(&raw_counts, live);
     cards.push(Card {
         label: "All time",
@@ -724,9 +778,9 @@ async fn page(
         id: "live",
     });
 
-    let chart = daily_chart(&daily_points(&state, &site, range).await?);
-    let (pages, referrers) = top_lists(&state, &site, range, limit.limit()?).await?;
-    let events = event_list(&state, &site, range).await?;
+    let chart = daily_chart(&daily_points(state, site, range).await?);
+    let (pages, referrers) = top_lists(state, site, range, limit.limit()?).await?;
+    let events = event_list(state, site, range).await?;
     let not_counted = state
         .filtered_counts(&site.id, range.from, range.to)
         .await?;
@@ -739,7 +793,7 @@ async fn page(
         pages_live.push(match PagePath::parse(&p.page) {
             Ok(page) => {
                 let now_ms = now.as_millisecond();
-                super::counts::live_of_page(&state, &site.id, Some(&page), now_ms)
+                super::counts::live_of_page(state, &site.id, Some(&page), now_ms)
                     .await
                     .visitors
             }
@@ -803,7 +857,12 @@ async fn page(
         filtered_total: not_counted.total(),
         public: site.public,
         live_window: state.options.live_window_secs,
-        signed_in,
+        signed_in: matches!(view, View::Admin(_)),
+        shared: matches!(view, View::Shared),
+        admin: match view {
+            View::Admin(admin) => admin,
+            _ => None,
+        },
         ignore_url: site
             .origins
             .iter()
@@ -827,7 +886,7 @@ fn session_cookie(value: &str, max_age: i64) -> Option<HeaderValue> {
     .ok()
 }
 
-fn see_other(to: &str) -> Response {
+pub(super) fn see_other(to: &str) -> Response {
     let mut r = Redirect::to(to).into_response();
     *r.status_mut() = StatusCode::SEE_OTHER;
     r

@@ -33,6 +33,10 @@ pub enum ApiError {
     /// 401: a private resource without a valid admin token.
     #[error("this resource needs the admin token")]
     Unauthorized,
+    /// 401: a shared link that does not open this (`share_revoked`, `share_expired`,
+    /// `share_password_required`).
+    #[error("{message}")]
+    ShareRefused { code: &'static str, message: String },
     /// 401: an `Authorization: Bearer` ingest key that is not the site's.
     #[error("the ingest key is not valid for site {site:?}")]
     InvalidIngestKey { site: String },
@@ -81,7 +85,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } | ApiError::OverAllowance { .. } => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized | ApiError::InvalidIngestKey { .. } => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized
+            | ApiError::InvalidIngestKey { .. }
+            | ApiError::ShareRefused { .. } => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -98,7 +104,9 @@ impl ApiError {
     /// The stable snake_case code.
     pub fn code(&self) -> &'static str {
         match self {
-            ApiError::BadRequest { code, .. } | ApiError::Forbidden { code, .. } => code,
+            ApiError::BadRequest { code, .. }
+            | ApiError::Forbidden { code, .. }
+            | ApiError::ShareRefused { code, .. } => code,
             ApiError::OverAllowance { .. } => "batch_over_allowance",
             ApiError::Unauthorized => "unauthorized",
             ApiError::InvalidIngestKey { .. } => "invalid_ingest_key",

@@ -31,6 +31,9 @@ mod error;
 mod headers;
 mod hit;
 mod openapi;
+mod share;
+mod share_access;
+pub use share::share_url;
 mod ops;
 mod ui;
 
@@ -75,6 +78,8 @@ pub struct EdgeOptions {
     pub ingest_capacity: usize,
     /// Seconds an event stays in the live window (shown on the dashboard).
     pub live_window_secs: u32,
+    /// The public base URL new shared links are shown under (`--public-url`), if set.
+    pub public_url: Option<String>,
 }
 
 /// Everything a handler needs, behind one `Arc`: axum clones the state for every request, and
@@ -275,6 +280,7 @@ fn documented() -> utoipa_axum::router::OpenApiRouter<AppState> {
 fn pages() -> Router<AppState> {
     Router::new()
         .merge(dashboard::router())
+        .merge(share::router())
         .merge(assets::router())
         .merge(ui::router())
 }

@@ -29,6 +29,7 @@ mod prune;
 mod read;
 mod report;
 mod schema;
+mod shares;
 mod verify;
 mod write;
 

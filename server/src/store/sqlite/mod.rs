@@ -50,6 +50,7 @@ mod prune;
 mod read;
 mod report;
 mod schema;
+mod shares;
 mod verify;
 mod write;
 
