@@ -14,6 +14,8 @@
 //! - `scale` compares the baseline, SQLite and 1..3 collectors on PostgreSQL in one run.
 //! - `import` measures a `tally import` while the server takes live load: the import's lines/s
 //!   and live p99 idle vs during the import (see [`import`]).
+//! - `seed` and `read` are the read benchmark: a year of a large site written through the
+//!   store, then every dashboard and API read timed cold and warm (see [`history`]).
 //! - `baseline` and `ceiling` are the reference servers `run` starts; `drive` drives a running
 //!   server.
 
@@ -21,6 +23,7 @@ mod abuse;
 mod ceiling;
 mod client;
 mod drive;
+mod history;
 mod import;
 mod memory;
 mod mix;
@@ -53,6 +56,10 @@ enum Cmd {
     Import(import::ImportArgs),
     /// Baseline, SQLite, and 1..3 collectors on PostgreSQL, in one run.
     Scale(scale::ScaleArgs),
+    /// Write a site's history straight into a database through the store (read benchmark).
+    Seed(history::SeedArgs),
+    /// Time every dashboard panel and API read on a seeded database, cold and warm.
+    Read(history::ReadArgs),
     /// The do-nothing baseline server (started by `run`).
     Baseline,
     /// The least a durable collector does: parse, group-committed append with fdatasync,
@@ -116,6 +123,8 @@ fn main() -> anyhow::Result<()> {
                 Cmd::Memory(args) => memory::memory(args).await,
                 Cmd::Import(args) => import::import(args).await,
                 Cmd::Scale(args) => scale::scale(args).await,
+                Cmd::Seed(args) => history::seed(args).await,
+                Cmd::Read(args) => history::read(args).await,
             }
         };
         // Dropping `work` drops its server handles, which kills the servers.
