@@ -45,6 +45,9 @@ pub fn visitor_ip(i: usize) -> IpAddr {
 pub struct Stats {
     /// Latency of every answered (or timed-out) request, sorted, in µs.
     pub latencies_us: Vec<u32>,
+    /// (second of the drive the request started in, latency in µs) of the same requests,
+    /// for [`Stats::timeline`].
+    pub timed: Vec<(u32, u32)>,
     /// 2xx answers.
     pub ok: u64,
     /// Answers `accepted` (stored hits).
@@ -78,6 +81,23 @@ impl Stats {
         }
         let i = ((self.latencies_us.len() - 1) as f64 * p).round() as usize;
         f64::from(self.latencies_us[i]) / 1000.0
+    }
+
+    /// p99 and maximum latency (ms) per second of the drive, in order: a periodic stall
+    /// shows as a second whose p99 stands out, which a whole-run p99 averages away.
+    pub fn timeline(&self) -> Vec<(f64, f64)> {
+        let mut by_second: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &(second, us) in &self.timed {
+            by_second.entry(second).or_default().push(us);
+        }
+        by_second
+            .into_values()
+            .map(|mut v| {
+                v.sort_unstable();
+                let i = ((v.len() - 1) as f64 * 0.99).round() as usize;
+                (f64::from(v[i]) / 1000.0, f64::from(v[v.len() - 1]) / 1000.0)
+            })
+            .collect()
     }
 
     /// Requests that did not end in a 2xx answer.
@@ -139,6 +159,7 @@ impl Stats {
 
     fn merge(&mut self, o: Stats) {
         self.latencies_us.extend(o.latencies_us);
+        self.timed.extend(o.timed);
         self.ok += o.ok;
         self.accepted += o.accepted;
         for (s, n) in o.statuses {
@@ -173,9 +194,9 @@ impl Drive {
         let mut tasks = Vec::new();
         for c in 0..self.connections {
             let me = self.clone();
-            tasks.push(tokio::spawn(
-                async move { me.connection(c, deadline).await },
-            ));
+            tasks.push(tokio::spawn(async move {
+                me.connection(c, started, deadline).await
+            }));
         }
         let mut stats = Stats::default();
         for t in tasks {
@@ -186,7 +207,7 @@ impl Drive {
         Ok(stats)
     }
 
-    async fn connection(&self, c: usize, deadline: Instant) -> Stats {
+    async fn connection(&self, c: usize, started: Instant, deadline: Instant) -> Stats {
         let mut stats = Stats::default();
         let mut generator = Generator::new(Arc::clone(&self.plan), c, self.connections);
         let mut conn: Option<client::Conn> = None;
@@ -221,9 +242,11 @@ impl Drive {
             count_sent(&mut stats, &step);
             let req = request(&self.plan.args.mix, &host, &step);
             let t = Instant::now();
+            let second = t.duration_since(started).as_secs() as u32;
             match open.send(req, REQUEST_TIMEOUT).await {
                 Ok(answer) => {
                     stats.latencies_us.push(micros(t.elapsed()));
+                    stats.timed.push((second, micros(t.elapsed())));
                     *stats.statuses.entry(answer.status).or_default() += 1;
                     if (200..300).contains(&answer.status) {
                         stats.ok += 1;
@@ -234,6 +257,7 @@ impl Drive {
                 }
                 Err(Failure::Timeout) => {
                     stats.latencies_us.push(micros(REQUEST_TIMEOUT));
+                    stats.timed.push((second, micros(REQUEST_TIMEOUT)));
                     stats.timeouts += 1;
                     conn = None;
                 }

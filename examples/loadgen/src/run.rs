@@ -218,6 +218,14 @@ fn print_round(round: usize, r: &Round) {
     ] {
         print_row(name, s);
     }
+    for (name, s) in [("ceiling", &r.ceil), ("tally", &r.tally)] {
+        let line: Vec<String> = s
+            .timeline()
+            .iter()
+            .map(|(p99, max)| format!("{p99:.0}/{max:.0}"))
+            .collect();
+        println!("{name} p99/max ms per second: {}", line.join(" "));
+    }
     let [tb, cb, tc] = r.ratios();
     let [b, c, t] = r.cpu;
     println!(
