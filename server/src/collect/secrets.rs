@@ -218,19 +218,28 @@ impl ServerSecret {
     }
 }
 
-/// Write `text` to a new file readable by its owner only, durably.
+/// Write `text` to a new file readable by its owner only, durably, and all at once: it is
+/// written to a private temporary file beside `path` first, then linked into place without
+/// replacing anything (`AlreadyExists` if another process got there first). So a second
+/// collector starting at the same moment reads either no file or the whole secret, never an
+/// empty one.
 fn create_private(path: &Path, text: &str) -> std::io::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    let mut file = options.open(path)?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    // tempfile creates it with mode 0600 on unix.
+    let mut file = tempfile::Builder::new()
+        .prefix(".tally.secret.")
+        .tempfile_in(dir)?;
     file.write_all(text.as_bytes())?;
     file.write_all(b"\n")?;
-    file.sync_all()
+    file.as_file().sync_all()?;
+    file.persist_noclobber(path).map_err(|e| e.error)?;
+    // The new name is durable once its directory is.
+    #[cfg(unix)]
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
 }
 
 #[cfg(unix)]
@@ -310,6 +319,39 @@ mod tests {
         assert!(!s.matches("abcdefghijklmno"));
         assert!(!s.matches("abcdefghijklmnopq"));
         assert!(!s.matches(""));
+    }
+
+    #[test]
+    fn collectors_starting_at_once_share_one_whole_secret() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().expect("dir");
+            let source = SecretSource::File(dir.path().join("tally.secret"));
+            let start = std::sync::Barrier::new(8);
+            let got: Vec<_> = std::thread::scope(|s| {
+                let starters: Vec<_> = (0..8)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            ServerSecret::load(&source)
+                        })
+                    })
+                    .collect();
+                starters
+                    .into_iter()
+                    .map(|t| {
+                        t.join()
+                            .expect("thread")
+                            .expect("every start loads the secret")
+                    })
+                    .collect()
+            });
+            assert!(got.iter().all(|s| *s == got[0]), "one secret for all");
+            let names: Vec<_> = std::fs::read_dir(dir.path())
+                .expect("list")
+                .map(|e| e.expect("entry").file_name())
+                .collect();
+            assert_eq!(names, ["tally.secret"], "no temporary file is left behind");
+        }
     }
 
     #[test]

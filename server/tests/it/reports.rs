@@ -434,7 +434,9 @@ async fn two_collectors_on_one_postgres_database_send_each_report_once() {
         return;
     };
     let smtp = SmtpServer::start().await;
-    let mut config = reporting(Path::new("unused.sqlite"), &smtp);
+    // No SQLite file, but the two share a secret file, as collectors of one database must.
+    let dir = tempfile::tempdir().expect("dir");
+    let mut config = reporting(&dir.path().join("unused.sqlite"), &smtp);
     config.db = tally::ops::config::Database::Postgres(pg.url_in_schema());
     let a = tally::open_store(&config).await.expect("store a");
     let b = tally::open_store(&config).await.expect("store b");
