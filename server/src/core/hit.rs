@@ -137,6 +137,21 @@ impl ValidHit {
 /// dropped), cut like a page path. Referrers are shown by host; the path is kept for context.
 pub const MAX_REFERRER_BYTES: usize = 256;
 
+/// The host a stored referrer is counted under: what follows its first `://`, up to the next
+/// `/` (a referrer without `://`, which the collector never stores, loses its first two
+/// characters instead). The stores' SQL recounts (`tally verify`, the schema migration that
+/// filled the referrer counters) use the same rule, so both agree to the byte.
+pub fn referrer_host(referrer: &str) -> &str {
+    let rest = match referrer.find("://") {
+        Some(i) => &referrer[i + 3..],
+        None => referrer
+            .char_indices()
+            .nth(2)
+            .map_or("", |(i, _)| &referrer[i..]),
+    };
+    rest.split('/').next().unwrap_or(rest)
+}
+
 fn clean_referrer(raw: &str, page_host: Option<&str>) -> Result<Option<String>, IdError> {
     let mut url = url::Url::parse(raw).map_err(|_| IdError::Referrer)?;
     if url.cannot_be_a_base() {
@@ -194,6 +209,16 @@ mod tests {
             .to_string();
         let err = ValidHit::parse(&hit(&old), now, TimeWindow::default()).expect_err("old");
         assert_eq!(err.code(), "event_id_out_of_window");
+    }
+
+    #[test]
+    fn a_referrer_is_counted_under_its_host() {
+        assert_eq!(referrer_host("https://news.example/item"), "news.example");
+        assert_eq!(referrer_host("https://news.example"), "news.example");
+        assert_eq!(referrer_host("http://a.example:8080/x/y"), "a.example:8080");
+        assert_eq!(referrer_host("file:///tmp/x"), "");
+        assert_eq!(referrer_host("ab"), "");
+        assert_eq!(referrer_host("abc/d"), "c");
     }
 
     #[test]

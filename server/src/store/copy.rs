@@ -164,6 +164,12 @@ pub const TABLES: &[Table] = &[
         expect: "SELECT count(*) FROM event_counters",
     },
     Table {
+        pg: "referrer_counters (site, day, host, views)",
+        cols: &[I64, I32, Text, I64],
+        select: "SELECT site, day, host, views FROM referrer_counters",
+        expect: "SELECT count(*) FROM referrer_counters",
+    },
+    Table {
         pg: "bases (site, scope, views, visitors)",
         cols: &[I64, I64, I64, I64],
         select: "SELECT p.site, b.scope, b.views, b.visitors FROM bases b \

@@ -52,6 +52,8 @@ pub enum Tamper {
     DropSiteDayRows,
     /// Add `by` web views to the whole-site row of `day` (of site `s`).
     SiteDayViews { day: jiff::civil::Date, by: i64 },
+    /// Add `by` views to every referrer counter of site `s`.
+    ReferrerViews { by: i64 },
 }
 
 /// The backend's default page cap.
@@ -1023,6 +1025,84 @@ async fn top_referrers_rank_hosts_of_local_days(db: &impl Harness) {
     assert_eq!(hosts(both), [("a.example".to_owned(), 4)]);
 }
 
+/// Top referrers read counters written with the views: `verify` recounts them from the raw
+/// events (and repairs them), and once the raw events of a day are pruned the day's referrers
+/// read the same as before.
+async fn referrer_counters_outlive_raw_events_and_are_recounted(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
+    let (old, recent) = (date(2026, 1, 10), date(2026, 4, 4));
+    let referred = |i: u32, day, referrer: &str| Record {
+        referrer: Some(referrer.to_owned()),
+        ..view(i, i, "/a", day)
+    };
+    store
+        .commit(vec![
+            referred(1, old, "https://a.example/x"),
+            referred(2, old, "https://a.example/y"),
+            referred(3, old, "https://b.example/"),
+            view(4, 4, "/a", old),
+            referred(5, recent, "https://b.example/z"),
+        ])
+        .await
+        .expect("commit");
+    // A resent view counts nothing twice.
+    store
+        .commit(vec![referred(1, old, "https://a.example/x")])
+        .await
+        .expect("resend");
+    let hosts = |rows: Vec<tally::store::ReferrerRow>| -> Vec<(String, u64)> {
+        rows.into_iter().map(|r| (r.host, r.views)).collect()
+    };
+    let old_top = [("a.example".to_owned(), 2), ("b.example".to_owned(), 1)];
+    let top = store.top_referrers(&site_s(), old, old, 10).await;
+    assert_eq!(hosts(top.expect("top")), old_top);
+    let report = store.verify(false).await.expect("verify");
+    assert!(report.drift.is_empty(), "{report:?}");
+
+    db.tamper(Tamper::ReferrerViews { by: 2 });
+    let report = store.verify(false).await.expect("verify");
+    assert_eq!(
+        report.drift.len(),
+        3,
+        "every referrer row drifted: {report:?}"
+    );
+    assert!(
+        report.drift.iter().all(|d| d.key.starts_with("s/-2/")),
+        "{report:?}"
+    );
+    assert!(store.verify(true).await.expect("repair").repaired);
+    assert!(store.verify(false).await.expect("verify").drift.is_empty());
+    let top = store.top_referrers(&site_s(), old, old, 10).await;
+    assert_eq!(
+        hosts(top.expect("top")),
+        old_top,
+        "repair restores the counts"
+    );
+
+    // Keep 30 days of raw events on 04-05: the old day's events go, its referrers stay.
+    let now: jiff::Timestamp = "2026-04-05T12:00:00Z".parse().expect("ts");
+    let policy = Retention {
+        raw_days: 30,
+        visitor_days: 0,
+        page_days: 0,
+    };
+    let report = store.prune(policy, now).await.expect("prune");
+    assert_eq!(report.events, 4, "{report:?}");
+    let top = store.top_referrers(&site_s(), old, old, 10).await;
+    assert_eq!(hosts(top.expect("top")), old_top);
+    let top = store.top_referrers(&site_s(), old, recent, 10).await;
+    assert_eq!(
+        hosts(top.expect("top")),
+        [("a.example".to_owned(), 2), ("b.example".to_owned(), 2)],
+        "ties go by host"
+    );
+    let report = store.verify(false).await.expect("verify");
+    assert!(
+        report.drift.is_empty(),
+        "pruned rows are not compared: {report:?}"
+    );
+}
+
 /// Carried-over numbers of a site and of a page are shown in `counts`; setting them again
 /// replaces them (it does not add).
 async fn set_base_replaces_carried_over_numbers(db: &impl Harness) {
@@ -1254,6 +1334,7 @@ macro_rules! backends {
                 top_pages_rank_by_the_larger_source_and_limit,
                 top_pages_of_100k_pages,
                 top_referrers_rank_hosts_of_local_days,
+                referrer_counters_outlive_raw_events_and_are_recounted,
                 filtered_tallies_add_up_per_site_day_and_reason,
                 probe_answers_on_a_healthy_store,
             );
@@ -1342,6 +1423,11 @@ pub(crate) mod sqlite_backend {
                         rusqlite::params!["", by, n],
                     )
                 }
+                Tamper::ReferrerViews { by } => conn.execute(
+                    "UPDATE referrer_counters SET views = views + ?1 \
+                     WHERE site = (SELECT id FROM site_keys WHERE name = 's')",
+                    [by],
+                ),
             }
             .expect("tamper");
             assert!(changed > 0, "{damage:?} changed nothing");
@@ -1617,6 +1703,10 @@ pub(crate) mod postgres {
                         scope("")
                     ))
                 }
+                Tamper::ReferrerViews { by } => self.0.exec(&format!(
+                    "UPDATE referrer_counters SET views = views + {by} \
+                     WHERE site = (SELECT id FROM site_keys WHERE name = 's')"
+                )),
             };
             assert!(changed > 0, "{damage:?} changed nothing");
         }
@@ -1708,7 +1798,7 @@ pub(crate) mod postgres {
         for open in opens {
             open.await.expect("join").expect("open");
         }
-        assert_eq!(db.exec("SELECT version FROM schema_version"), 2);
+        assert_eq!(db.exec("SELECT version FROM schema_version"), 3);
         db.exec("INSERT INTO schema_version (version) VALUES (99)");
         let options = PgOptions {
             schema: Some(db.schema.clone()),

@@ -322,7 +322,7 @@ async fn a_v1_database_migrates_with_every_number_kept() {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("version");
-    assert_eq!(version, 7);
+    assert_eq!(version, 8);
     let leftovers: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM sqlite_schema WHERE name LIKE 'v1_%' OR name = 'visitors'",
@@ -347,14 +347,14 @@ async fn a_v1_database_migrates_with_every_number_kept() {
 #[tokio::test]
 async fn a_newer_schema_is_refused() {
     let dir = tempfile::tempdir().expect("dir");
-    let path = dir.path().join("v8.sqlite");
+    let path = dir.path().join("v9.sqlite");
     drop(SqliteStore::open(&path, options()).expect("open"));
     rusqlite::Connection::open(&path)
         .expect("open")
-        .pragma_update(None, "user_version", 8)
+        .pragma_update(None, "user_version", 9)
         .expect("version");
     match SqliteStore::open(&path, options()) {
-        Err(StoreError::Invalid(why)) => assert!(why.contains("version 8"), "{why}"),
+        Err(StoreError::Invalid(why)) => assert!(why.contains("version 9"), "{why}"),
         Err(e) => panic!("expected Invalid, got {e}"),
         Ok(_) => panic!("a newer schema must be refused"),
     }

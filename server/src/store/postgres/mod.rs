@@ -371,15 +371,7 @@ impl StatsReader for PgStore {
         to: Date,
         limit: u32,
     ) -> Result<Vec<ReferrerRow>, StoreError> {
-        let ids = event_id_range(from, to);
-        read::top_referrers(
-            self,
-            site.as_str(),
-            (day_num(from), day_num(to)),
-            ids,
-            limit,
-        )
-        .await
+        read::top_referrers(self, site.as_str(), day_num(from), day_num(to), limit).await
     }
 
     async fn top_events(

@@ -3,7 +3,6 @@
 //! exact distinct visitors counted only for the rows returned.
 
 use tally_wire::Numbers;
-use uuid::Uuid;
 
 use super::{ALL_TIME, Fail, PgStore, num_day};
 use crate::core::day::SiteZone;
@@ -339,26 +338,24 @@ pub(super) async fn top_pages(
 pub(super) async fn top_referrers(
     store: &PgStore,
     site: &str,
-    (from, to): (i32, i32),
-    (lo, hi): (Uuid, Uuid),
+    from: i32,
+    to: i32,
     limit: u32,
 ) -> Result<Vec<ReferrerRow>, StoreError> {
     let client = store.client().await?;
     let Some((site_id, _)) = site_scope(&client, site).await? else {
         return Ok(Vec::new());
     };
+    let (from, to) = clamp(from, to);
     let stmt = client
         .prepare_cached(
-            "SELECT host, COUNT(*) AS n FROM ( \
-                 SELECT split_part(substr(referrer, strpos(referrer, '://') + 3), '/', 1) AS host \
-                 FROM events \
-                 WHERE site = $1 AND event_id >= $5 AND event_id < $6 AND kind = 0 \
-                   AND referrer IS NOT NULL AND day BETWEEN $2 AND $3) r \
+            "SELECT host, SUM(views)::int8 AS n FROM referrer_counters \
+             WHERE site = $1 AND day BETWEEN $2 AND $3 \
              GROUP BY host ORDER BY n DESC, host COLLATE \"C\" LIMIT $4",
         )
         .await?;
     let rows = client
-        .query(&stmt, &[&site_id, &from, &to, &i64::from(limit), &lo, &hi])
+        .query(&stmt, &[&site_id, &from, &to, &i64::from(limit)])
         .await?;
     Ok(rows
         .iter()

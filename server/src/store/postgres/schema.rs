@@ -112,6 +112,17 @@ CREATE TABLE report_sends (
     PRIMARY KEY (site, recipient, every, period)
 );
 ",
+    r"
+-- Page views with a referrer per site, local day and referring host (`core::hit::referrer_host`),
+-- written in the transaction that stores the views; filled here from the raw events kept.
+CREATE TABLE referrer_counters (
+    site BIGINT NOT NULL, day INTEGER NOT NULL, host TEXT NOT NULL, views BIGINT NOT NULL,
+    PRIMARY KEY (site, day, host)
+);
+INSERT INTO referrer_counters (site, day, host, views)
+    SELECT site, day, split_part(substr(referrer, strpos(referrer, '://') + 3), '/', 1) AS host,
+           COUNT(*) FROM events WHERE kind = 0 AND referrer IS NOT NULL GROUP BY site, day, 3;
+",
 ];
 
 /// Create schema `name` unless it exists, under the migration lock (two `CREATE SCHEMA IF NOT

@@ -42,6 +42,17 @@ const RECOUNT_EVENTS: &str = "
 const STORED_EVENTS: &str = "SELECT site, 0::int8 AS scope, -1::int2 AS source, name, day, \
                              count AS views, 0::int8 AS visitors FROM event_counters";
 
+/// Referrer counters shaped like [`RECOUNT`] (scope 0, source -2, the host in `name`; the
+/// host rule of `core::hit::referrer_host`).
+const RECOUNT_REFERRERS: &str = "
+    SELECT site, 0::int8 AS scope, -2::int2 AS source,
+        split_part(substr(referrer, strpos(referrer, '://') + 3), '/', 1) AS name, day,
+        COUNT(*) AS views, 0::int8 AS visitors
+        FROM events WHERE kind = 0 AND referrer IS NOT NULL GROUP BY site, 4, day";
+
+const STORED_REFERRERS: &str = "SELECT site, 0::int8 AS scope, -2::int2 AS source, host AS name, \
+                                day, views, 0::int8 AS visitors FROM referrer_counters";
+
 /// Which rows a verify covers: a condition appended to every query (empty for all sites).
 #[derive(Debug, Clone, Default)]
 struct Only {
@@ -70,6 +81,14 @@ impl Only {
 
     fn recount_events(&self) -> String {
         RECOUNT_EVENTS.replace("WHERE kind = 1", &format!("WHERE kind = 1{}", self.site))
+    }
+
+    fn recount_referrers(&self) -> String {
+        RECOUNT_REFERRERS.replace("WHERE kind = 0", &format!("WHERE kind = 0{}", self.site))
+    }
+
+    fn stored_referrers(&self) -> String {
+        format!("{STORED_REFERRERS} WHERE TRUE{}", self.site)
     }
 
     fn stored(&self) -> String {
@@ -173,7 +192,7 @@ async fn compare(
 }
 
 /// `site/source/page/day` (page empty for the whole site, day `*` for all time); custom
-/// events as `site/-1/name/day`.
+/// events as `site/-1/name/day`, referrer counters as `site/-2/host/day`.
 async fn label(
     tx: &deadpool_postgres::Transaction<'_>,
     events: bool,
@@ -289,6 +308,14 @@ async fn check(
         &mut report,
     )
     .await?;
+    compare(
+        tx,
+        (&only.stored_referrers(), &only.recount_referrers()),
+        &event_counters,
+        true,
+        &mut report,
+    )
+    .await?;
     Ok((report, cuts, counters, event_counters))
 }
 
@@ -314,6 +341,7 @@ async fn repair_site(store: &PgStore, id: i64) -> Result<VerifyReport, Fail> {
             let _ = write!(visit_days, " AND day > {cut}");
         }
         let (recount, recount_events) = (only.recount(), only.recount_events());
+        let recount_referrers = only.recount_referrers();
         let (site, joined) = (&only.site, &only.joined);
         tx.batch_execute(&format!(
             "DELETE FROM counters WHERE {counters};
@@ -323,6 +351,10 @@ async fn repair_site(store: &PgStore, id: i64) -> Result<VerifyReport, Fail> {
              DELETE FROM event_counters WHERE {event_counters};
              INSERT INTO event_counters (site, name, day, count)
                  SELECT site, name, day, views FROM ({recount_events}) r WHERE {event_counters};
+             DELETE FROM referrer_counters WHERE {event_counters};
+             INSERT INTO referrer_counters (site, day, host, views)
+                 SELECT site, day, name, views FROM ({recount_referrers}) r
+                 WHERE {event_counters};
              DELETE FROM visits WHERE {visit_days}{site};
              INSERT INTO visits (site, day, scope, source, visitor)
                  SELECT site, day, page, source, visitor FROM events

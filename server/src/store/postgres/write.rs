@@ -3,7 +3,7 @@
 //! Each step is ONE statement over arrays (`unnest`), its rows sorted by the table's key, so
 //! two writers lock rows in the same order: keyed custom events (`event_keys`), raw events,
 //! the per-day visitor sets of the pages, those of the sites, the all-time sets, then the
-//! counters and custom-event counters (summed per key in memory first). The rows a statement
+//! counters, custom-event counters and referrer counters (summed per key in memory first). The rows a statement
 //! really inserted (`RETURNING`) decide, in record order, which record was new: the first
 //! record of the batch claiming an inserted key gets it, as the SQLite writer decides one
 //! record at a time. A visitor is new to the whole site ever only when its explicit all-time
@@ -197,6 +197,7 @@ pub(super) async fn commit_batch(
     let mut orphan_keys = Vec::new();
     let mut views: Vec<&Row<'_>> = Vec::new();
     let mut event_deltas: BTreeMap<(i64, String, i32), i64> = BTreeMap::new();
+    let mut referrer_deltas: BTreeMap<(i64, i32, String), i64> = BTreeMap::new();
     for row in &candidates {
         let id = row.record.event_id.uuid();
         if !accepted.contains(&(row.site, id)) {
@@ -218,7 +219,15 @@ pub(super) async fn commit_batch(
                         .or_default() += 1;
                 }
             }
-            HitKind::Pageview => views.push(row),
+            HitKind::Pageview => {
+                if let Some(referrer) = &row.record.referrer {
+                    let host = crate::core::hit::referrer_host(referrer).to_owned();
+                    *referrer_deltas
+                        .entry((row.site, row.day, host))
+                        .or_default() += 1;
+                }
+                views.push(row);
+            }
         }
     }
     // A new key whose event id was a duplicate: the key was not used after all.
@@ -243,6 +252,7 @@ pub(super) async fn commit_batch(
     let counter_deltas = count_views(&mut resolver, &tx, &views).await?;
     upsert_counters(&tx, &counter_deltas).await?;
     upsert_event_counters(&tx, &event_deltas).await?;
+    upsert_referrer_counters(&tx, &referrer_deltas).await?;
     let pending = resolver.into_pending();
     tx.commit().await?;
     store.known().absorb(pending);
@@ -565,6 +575,31 @@ async fn upsert_event_counters(
          SELECT * FROM unnest($1::int8[], $2::text[], $3::int4[], $4::int8[]) \
          ON CONFLICT (site, name, day) DO UPDATE SET count = event_counters.count + excluded.count",
         &[&s, &n, &d, &c],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Add referred views per (site, day, host), in key order (the lock order of every writer).
+async fn upsert_referrer_counters(
+    tx: &deadpool_postgres::Transaction<'_>,
+    deltas: &BTreeMap<(i64, i32, String), i64>,
+) -> Result<(), Fail> {
+    if deltas.is_empty() {
+        return Ok(());
+    }
+    let (mut s, mut d, mut h, mut v) = (vec![], vec![], vec![], vec![]);
+    for ((site, day, host), views) in deltas {
+        s.push(*site);
+        d.push(*day);
+        h.push(host.as_str());
+        v.push(*views);
+    }
+    tx.execute(
+        "INSERT INTO referrer_counters (site, day, host, views) \
+         SELECT * FROM unnest($1::int8[], $2::int4[], $3::text[], $4::int8[]) \
+         ON CONFLICT (site, day, host) DO UPDATE SET views = referrer_counters.views + excluded.views",
+        &[&s, &d, &h, &v],
     )
     .await?;
     Ok(())

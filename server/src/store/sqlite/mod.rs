@@ -30,8 +30,10 @@
 //!
 //! - SQLite's busy/locked answers become [`StoreError::Conflict`] (retryable); other errors
 //!   [`StoreError::Unavailable`].
-//! - `top_referrers` walks the events' primary key over the UUIDv7 range of its local days
-//!   widened by 26 h each side (any zone), then filters by the exact stored day.
+//! - `top_referrers` sums the referrer counters (one row per site, local day and referring
+//!   host, written with the views); `visits` walks the events' primary key over the UUIDv7
+//!   range of its local days widened by 26 h each side (any zone), then filters by the exact
+//!   stored day.
 //!
 //! Files: this one opens the database and implements the job traits ([`EventSink`],
 //! [`StatsReader`], [`SiteStore`], [`SaltStore`], [`Maintenance`]); `schema` creates and migrates
@@ -117,7 +119,7 @@ pub(super) fn utc_day_num(at: jiff::Timestamp) -> i64 {
 /// zone: event ids are UUIDv7 (time first), and a local day starts at most 26 h before or
 /// after the UTC day of the same date (zone offsets stay within ±26 h). The exact day filter
 /// still applies; the range only lets SQLite walk the primary key instead of every event.
-fn referrer_id_range(from: i64, to: i64) -> ([u8; 16], [u8; 16]) {
+fn event_id_range(from: i64, to: i64) -> ([u8; 16], [u8; 16]) {
     const DAY_MS: i64 = 86_400_000;
     const SLACK_MS: i64 = 26 * 3_600_000;
     let start = from.saturating_mul(DAY_MS).saturating_sub(SLACK_MS);
@@ -583,8 +585,7 @@ impl StatsReader for SqliteStore {
         limit: u32,
     ) -> Result<Vec<ReferrerRow>, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        let ids = referrer_id_range(from, to);
-        self.read(move |conn| read_top_referrers(conn, &site, (from, to), ids, limit))
+        self.read(move |conn| read_top_referrers(conn, &site, from, to, limit))
             .await
     }
 
@@ -607,7 +608,7 @@ impl StatsReader for SqliteStore {
         to: Date,
     ) -> Result<crate::store::Visits, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        let ids = referrer_id_range(from, to);
+        let ids = event_id_range(from, to);
         self.read(move |conn| report::read_visits(conn, &site, (from, to), ids))
             .await
     }

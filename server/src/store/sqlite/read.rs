@@ -1,5 +1,5 @@
-//! Queries: counts, sites, daily series, range totals, top pages, referrers, events and the
-//! views not counted.
+//! Queries: counts, sites, daily series, range totals, top pages, referrers (from their
+//! counters), events and the views not counted.
 //!
 //! Every query is limited inside the database: top pages are ranked, tie-broken and cut to
 //! `limit` by SQL (grouped in the order of the `pages` index, so no temporary b-tree holds
@@ -267,21 +267,19 @@ pub(super) fn id_bound(ms: i64) -> [u8; 16] {
 pub(super) fn read_top_referrers(
     conn: &Connection,
     site: &str,
-    (from, to): (i64, i64),
-    (lo, hi): ([u8; 16], [u8; 16]),
+    from: i64,
+    to: i64,
     limit: u32,
 ) -> Result<Vec<ReferrerRow>, StoreError> {
-    let Some((site_id, _)) = site_scope(conn, site)? else {
-        return Ok(Vec::new());
-    };
+    let (from, to) = clamp(from, to);
+    // The site's rows of the range are one stretch of the (site, day, host) key; the sorter
+    // keeps only the `limit` best hosts.
     let mut stmt = conn.prepare_cached(
-        "WITH r AS (SELECT substr(referrer, instr(referrer, '://') + 3) AS rest FROM events \
-                    WHERE event_id >= ?5 AND event_id < ?6 AND site = ?1 AND kind = 0 \
-                      AND referrer IS NOT NULL AND day BETWEEN ?2 AND ?3) \
-         SELECT CASE WHEN instr(rest, '/') > 0 THEN substr(rest, 1, instr(rest, '/') - 1) ELSE rest END \
-                AS host, COUNT(*) AS n FROM r GROUP BY host ORDER BY n DESC, host LIMIT ?4",
+        "SELECT c.host, SUM(c.views) AS n FROM site_keys k \
+         JOIN referrer_counters c ON c.site = k.id AND c.day BETWEEN ?2 AND ?3 \
+         WHERE k.name = ?1 GROUP BY c.host ORDER BY n DESC, c.host LIMIT ?4",
     )?;
-    let rows = stmt.query_map(params![site_id, from, to, limit, &lo[..], &hi[..]], |r| {
+    let rows = stmt.query_map(params![site, from, to, limit], |r| {
         Ok(ReferrerRow {
             host: r.get(0)?,
             views: r.get::<_, i64>(1)?.max(0) as u64,

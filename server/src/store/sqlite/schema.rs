@@ -1,16 +1,22 @@
-//! The schema (version 7, in `PRAGMA user_version`) and the migrations from versions 1 to 6.
+//! The schema (version 8, in `PRAGMA user_version`) and the migrations from versions 1 to 7.
 //!
-//! Contract: [`prepare`] leaves the file at version 7 or fails having changed nothing. Before
+//! Contract: [`prepare`] leaves the file at version 8 or fails having changed nothing. Before
 //! it migrates an existing file it copies it beside itself (`<file>.v<N>.bak`, see `backup`).
-//! A fresh file gets the v7 tables; a v6 file gets the shared links and the email reports (v7 =
-//! v6 + `shares`, `reports`, `report_sends`, see [`SCHEMA_V7`]); a v5 file also gets `counters` rebuilt day first (v6 = v5 with
-//! `counters` keyed (day, scope, source) and indexed by (scope, source, day), see
-//! [`SCHEMA_V6`]); a v4 file also gets the visitor-set journal (v5 = v4 +
-//! `set_journal`, see `journal`); a v3 file also gets the `filtered` table (v4 = v3 + views not
-//! counted per site, day and reason); a v2 file also gets the import ledger (v3 = v2 +
-//! `import_ledger`, the ids of imported lines, so a re-run counts nothing twice even after
-//! their raw events were pruned or never kept); a v1 file (the text-keyed schema of the first release, which never
-//! set `user_version`) is rewritten in ONE transaction with every site, salt, base, counter,
+//! A fresh file gets the v8 tables. An older file runs every step from its version on, in ONE
+//! transaction (each step is version N + 1 = version N plus):
+//! - v8: the referrer counters (`referrer_counters`, see [`schema_v8`]), filled from the raw
+//!   events kept;
+//! - v7: the shared links and the email reports (`shares`, `reports`, `report_sends`, see
+//!   [`SCHEMA_V7`]);
+//! - v6: `counters` rebuilt day first, keyed (day, scope, source) and indexed by (scope,
+//!   source, day) (see [`SCHEMA_V6`]);
+//! - v5: the visitor-set journal (`set_journal`, see `journal`);
+//! - v4: the `filtered` table (views not counted per site, day and reason);
+//! - v3: the import ledger (`import_ledger`, the ids of imported lines, so a re-run counts
+//!   nothing twice even after their raw events were pruned or never kept).
+//!
+//! A v1 file (the text-keyed schema of the first release, which never set `user_version`) is
+//! first rewritten as v2 in the same transaction with every site, salt, base, counter,
 //! visitor set, custom-event counter, raw event and prune marker preserved, checked by row
 //! counts before the old tables are dropped. A newer version is refused.
 //!
@@ -23,7 +29,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use super::StoreError;
 
 /// The schema version this code reads and writes.
-pub(super) const VERSION: i64 = 7;
+pub(super) const VERSION: i64 = 8;
 
 /// `day` of all-time rows (real days are days since 1970-01-01, never negative).
 pub(super) const ALL_TIME: i64 = -1;
@@ -167,11 +173,45 @@ CREATE TABLE IF NOT EXISTS report_sends (
 ) WITHOUT ROWID;
 ";
 
+/// The host of `events.referrer` in SQL, the rule of `core::hit::referrer_host`.
+pub(super) const REFERRER_HOST: &str = "CASE WHEN instr(substr(referrer, instr(referrer, '://') + 3), '/') > 0 \
+     THEN substr(substr(referrer, instr(referrer, '://') + 3), 1, \
+                 instr(substr(referrer, instr(referrer, '://') + 3), '/') - 1) \
+     ELSE substr(referrer, instr(referrer, '://') + 3) END";
+
+/// v8: page views with a referrer per site, local day and referring host, written in the
+/// batch that stores the views (so top referrers read a few rows per day instead of every raw
+/// event, and outlive the raw events' retention), filled here from the raw events kept.
+fn schema_v8() -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS referrer_counters (
+             site INTEGER NOT NULL, day INTEGER NOT NULL, host TEXT NOT NULL,
+             views INTEGER NOT NULL,
+             PRIMARY KEY (site, day, host)
+         ) WITHOUT ROWID;
+         INSERT INTO referrer_counters (site, day, host, views)
+             SELECT site, day, {REFERRER_HOST} AS host, COUNT(*) FROM events
+             WHERE kind = 0 AND referrer IS NOT NULL GROUP BY site, day, host;"
+    )
+}
+
 /// A v1 day text (`2026-04-01`, or `*` for all time) as a v2 day number.
 const DAY: &str = "CASE WHEN {d} = '*' THEN -1 ELSE unixepoch({d}) / 86400 END";
 
 fn day(column: &str) -> String {
     DAY.replace("{d}", column)
+}
+
+/// The step from version N to N + 1, for N = 2 up to [`VERSION`] − 1, in order.
+fn steps() -> [String; 6] {
+    [
+        SCHEMA_V3.to_owned(),
+        SCHEMA_V4.to_owned(),
+        SCHEMA_V5.to_owned(),
+        SCHEMA_V6.to_owned(),
+        SCHEMA_V7.to_owned(),
+        schema_v8(),
+    ]
 }
 
 /// Bring the file at `conn` (opened from `path`) to [`VERSION`].
@@ -191,13 +231,11 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
     let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     match version {
         VERSION => return Ok(()),
-        6 => tx.execute_batch(SCHEMA_V7)?,
-        5 => tx.execute_batch(&format!("{SCHEMA_V6}{SCHEMA_V7}"))?,
-        4 => tx.execute_batch(&format!("{SCHEMA_V5}{SCHEMA_V6}{SCHEMA_V7}"))?,
-        3 => tx.execute_batch(&format!("{SCHEMA_V4}{SCHEMA_V5}{SCHEMA_V6}{SCHEMA_V7}"))?,
-        2 => tx.execute_batch(&format!(
-            "{SCHEMA_V3}{SCHEMA_V4}{SCHEMA_V5}{SCHEMA_V6}{SCHEMA_V7}"
-        ))?,
+        2..VERSION => {
+            for step in &steps()[(version - 2) as usize..] {
+                tx.execute_batch(step)?;
+            }
+        }
         0 => {
             let v1: Option<String> = tx
                 .query_row(
@@ -211,11 +249,9 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
             } else {
                 tx.execute_batch(SCHEMA_V2)?;
             }
-            tx.execute_batch(SCHEMA_V3)?;
-            tx.execute_batch(SCHEMA_V4)?;
-            tx.execute_batch(SCHEMA_V5)?;
-            tx.execute_batch(SCHEMA_V6)?;
-            tx.execute_batch(SCHEMA_V7)?;
+            for step in &steps() {
+                tx.execute_batch(step)?;
+            }
         }
         newer => {
             return Err(StoreError::Invalid(format!(

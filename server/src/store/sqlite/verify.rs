@@ -1,5 +1,8 @@
 //! Recounting every counter from raw events, and repairing drift.
 //!
+//! Counters are the per-scope view and visitor counters, the custom-event counters and the
+//! referrer counters (views with a referrer per site, day and host).
+//!
 //! The rule of what is compared (and, with repair, rewritten): a counter row is comparable
 //! when its raw events are all still stored and the row itself was not pruned, that is
 //! - no raw event was ever pruned, or the row is a day row after the raw prune marker's day
@@ -44,6 +47,19 @@ const RECOUNT_EVENTS: &str = "
 
 const STORED_EVENTS: &str = "SELECT site, -1, name, day, count, 0 FROM event_counters";
 
+/// Referrer counters, shaped like [`RECOUNT`] (site in `scope`, source -2, the host in
+/// `name`).
+fn recount_referrers() -> String {
+    format!(
+        "SELECT site AS scope, -2 AS source, host AS name, day, COUNT(*) AS views, 0 AS visitors
+             FROM (SELECT site, day, {} AS host FROM events
+                   WHERE kind = 0 AND referrer IS NOT NULL) GROUP BY site, host, day",
+        super::schema::REFERRER_HOST
+    )
+}
+
+const STORED_REFERRERS: &str = "SELECT site, -2, host, day, views, 0 FROM referrer_counters";
+
 /// Which rows a verify covers: SQL conditions appended to the queries (empty for all sites).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Only {
@@ -73,6 +89,14 @@ impl Only {
 
     fn recount_events(&self) -> String {
         RECOUNT_EVENTS.replace("WHERE kind = 1", &format!("WHERE kind = 1{}", self.events))
+    }
+
+    fn recount_referrers(&self) -> String {
+        recount_referrers().replace("WHERE kind = 0", &format!("WHERE kind = 0{}", self.events))
+    }
+
+    fn stored_referrers(&self) -> String {
+        format!("{STORED_REFERRERS} WHERE 1{}", self.events)
     }
 
     fn stored(&self) -> String {
@@ -213,7 +237,7 @@ fn compare(
 }
 
 /// `site/source/page/day` (page empty for the whole site, day `*` for all time); custom
-/// events as `site/-1/name/day`.
+/// events as `site/-1/name/day`, referrer counters as `site/-2/host/day`.
 fn label(
     conn: &Connection,
     events: bool,
@@ -265,12 +289,21 @@ pub(super) fn verify_counters(
     );
     let event_counters = cuts.comparable_sql("0");
     let (recount, recount_events) = (only.recount(), only.recount_events());
+    let recount_referrers = only.recount_referrers();
     let mut report = VerifyReport::default();
     compare(&tx, &only.stored(), &recount, &counters, false, &mut report)?;
     compare(
         &tx,
         &only.stored_events(),
         &recount_events,
+        &event_counters,
+        true,
+        &mut report,
+    )?;
+    compare(
+        &tx,
+        &only.stored_referrers(),
+        &recount_referrers,
         &event_counters,
         true,
         &mut report,
@@ -307,6 +340,10 @@ pub(super) fn verify_counters(
              DELETE FROM event_counters WHERE {event_counters}{site};
              INSERT INTO event_counters (site, name, day, count)
                  SELECT scope, name, day, views FROM ({recount_events}) WHERE {event_counters};
+             DELETE FROM referrer_counters WHERE {event_counters}{site};
+             INSERT INTO referrer_counters (site, day, host, views)
+                 SELECT scope, day, name, views FROM ({recount_referrers})
+                 WHERE {event_counters};
              DELETE FROM visits WHERE {visit_days}{scopes};
              INSERT OR IGNORE INTO visits (day, scope, source, visitor)
                  SELECT day, page, source, visitor FROM events

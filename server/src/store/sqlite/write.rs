@@ -10,7 +10,7 @@
 //! journal, not written into its table (see `journal`: a batch dirties a page or two for its
 //! visitor rows instead of one page per row).
 //!
-//! Counter rows (`counters`, `event_counters`) are summed in memory and upserted once per key
+//! Counter rows (`counters`, `event_counters`, `referrer_counters`) are summed in memory and upserted once per key
 //! at the end of the batch, in ascending key order (a `BTreeMap`, never hash-map order): two
 //! writers on one database then take row locks in the same order, which is what keeps
 //! writers on a multi-writer backend from deadlocking each other (the [`EventSink`] contract).
@@ -57,6 +57,9 @@ type Deltas = std::collections::BTreeMap<(i64, i64, i64), (i64, i64)>;
 
 /// Custom event increments of one batch: (site, name, day) → events, in key order.
 type EventDeltas = std::collections::BTreeMap<(i64, String, i64), i64>;
+
+/// Referred page views of one batch: (site, day, referring host) → views, in key order.
+type ReferrerDeltas = std::collections::BTreeMap<(i64, i64, String), i64>;
 
 pub(super) fn commit_batch(
     writer: &mut Writer,
@@ -120,6 +123,7 @@ fn commit_inner(
         // batch of hits on few pages touches few counter rows.
         let mut deltas = Deltas::new();
         let mut event_deltas = EventDeltas::new();
+        let mut referrer_deltas = ReferrerDeltas::new();
         for r in records {
             let day = day_num(r.day);
             if day < 0 {
@@ -177,6 +181,10 @@ fn commit_inner(
                     *event_deltas.entry((site, name.to_owned(), d)).or_default() += 1;
                 }
                 continue;
+            }
+            if let Some(referrer) = &r.referrer {
+                let host = crate::core::hit::referrer_host(referrer).to_owned();
+                *referrer_deltas.entry((site, day, host)).or_default() += 1;
             }
             let site_scope = resolver.site_scope(site)?;
             let mut bump = |scope: i64, d: i64, new_visitor: bool| {
@@ -240,6 +248,13 @@ fn commit_inner(
         )?;
         for ((site, name, day), count) in event_deltas {
             bump_event.execute(params![site, name, day, count])?;
+        }
+        let mut bump_referrer = tx.prepare_cached(
+            "INSERT INTO referrer_counters (site, day, host, views) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (site, day, host) DO UPDATE SET views = views + excluded.views",
+        )?;
+        for ((site, day, host), views) in referrer_deltas {
+            bump_referrer.execute(params![site, day, host, views])?;
         }
         if let Some(ms) = not_kept_until {
             // Counted without raw events: for `verify`, exactly like raw events pruned.
