@@ -445,6 +445,92 @@ async fn range_visitors_are_exact_at_100k(db: &impl Harness) {
     );
 }
 
+/// Range visitors one handle keeps in memory follow what another handle (a second collector,
+/// `tally verify`, retention) writes to the same database: late views into an old day, and
+/// visitor sets pruned under it. Each answer equals what a fresh handle reads.
+async fn kept_range_visitors_follow_other_handles(db: &impl Harness) {
+    use std::collections::BTreeSet;
+    let (reader, writer) = (db.handle(DEFAULT_CAP), db.handle(DEFAULT_CAP));
+    let days = [date(2026, 4, 1), date(2026, 4, 2), date(2026, 4, 3)];
+    let page_of = |v: u32| if v.is_multiple_of(3) { "/a" } else { "/b" };
+    // Day i: visitors 10 i .. 10 i + 20, so the days overlap.
+    let mut seen: Vec<(u32, &str)> = Vec::new();
+    let mut batch = Vec::new();
+    for (i, day) in days.iter().enumerate() {
+        for v in i as u32 * 10..i as u32 * 10 + 20 {
+            batch.push(view(batch.len() as u32, v, page_of(v), *day));
+            seen.push((v, page_of(v)));
+        }
+    }
+    let n = batch.len() as u32;
+    writer.commit(batch).await.expect("commit");
+    let visitors = |store: &Arc<dyn Store>| {
+        let store = Arc::clone(store);
+        async move {
+            let range = store.range_totals(&site_s(), days[0], days[2]).await;
+            let top = store.top_pages(&site_s(), days[0], days[2], 10).await;
+            let top = top.expect("top");
+            let a = top
+                .iter()
+                .find(|p| p.page == "/a")
+                .map(|p| p.numbers.web.visitors);
+            (range.expect("range").web.visitors, a.unwrap_or(0))
+        }
+    };
+    let distinct = |rows: &[(u32, &str)], page: Option<&str>| {
+        let set: BTreeSet<u32> = rows
+            .iter()
+            .filter(|(_, p)| page.is_none_or(|page| page == *p))
+            .map(|(v, _)| *v)
+            .collect();
+        set.len() as u64
+    };
+    let expected = (distinct(&seen, None), distinct(&seen, Some("/a")));
+    assert_eq!(expected, (40, 14));
+    assert_eq!(visitors(&reader).await, expected);
+    assert_eq!(
+        visitors(&reader).await,
+        expected,
+        "read again, from what is kept"
+    );
+
+    // Late views into the first day through the other handle: a new visitor, and one known
+    // from the later days only.
+    let late = vec![view(n, 100, "/a", days[0]), view(n + 1, 25, "/a", days[0])];
+    assert_eq!(
+        writer.commit(late).await.expect("late"),
+        vec![Outcome::Accepted; 2]
+    );
+    seen.extend([(100, "/a"), (25, "/a")]);
+    let expected = (distinct(&seen, None), distinct(&seen, Some("/a")));
+    assert_eq!(expected, (41, 16));
+    assert_eq!(
+        visitors(&reader).await,
+        expected,
+        "the late views are counted"
+    );
+    assert_eq!(visitors(&db.handle(DEFAULT_CAP)).await, expected);
+
+    // On 04-05, keeping 2 days of visitor sets: the sets of 04-01 and 04-02 go, their counter
+    // rows stay (same counts, so only the pruning itself can tell the kept sets are gone).
+    let now: jiff::Timestamp = "2026-04-05T12:00:00Z".parse().expect("ts");
+    let policy = Retention {
+        raw_days: 0,
+        visitor_days: 2,
+        page_days: 0,
+    };
+    let report = writer.prune(policy, now).await.expect("prune");
+    assert!(report.visitor_rows > 0, "{report:?}");
+    let left: Vec<(u32, &str)> = (20..40).map(|v| (v, page_of(v))).collect();
+    let expected = (distinct(&left, None), distinct(&left, Some("/a")));
+    assert_eq!(
+        visitors(&reader).await,
+        expected,
+        "pruned sets are not counted"
+    );
+    assert_eq!(visitors(&db.handle(DEFAULT_CAP)).await, expected);
+}
+
 /// A page view number `i` (any u32) of `visitor` on `page`, at noon UTC of `day`.
 pub(crate) fn view(i: u32, visitor: u32, page: &str, day: jiff::civil::Date) -> Record {
     let at = day
@@ -1329,6 +1415,7 @@ macro_rules! backends {
                 prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify,
                 prune_each_kind_keeps_verify_clean,
                 range_visitors_are_exact_at_100k,
+                kept_range_visitors_follow_other_handles,
                 page_cap_counts_new_pages_beyond_it_under_other,
                 series_lists_days_with_views_by_source,
                 top_pages_rank_by_the_larger_source_and_limit,

@@ -204,6 +204,8 @@ pub struct PgStore {
     /// Committed site and page ids.
     ids: Arc<Mutex<Interned>>,
     max_new_pages_per_day: u32,
+    /// Per-day visitor sets kept for range visitors (`store::daysets`).
+    sets: Arc<crate::store::daysets::DaySets>,
 }
 
 fn valid_schema(name: &str) -> bool {
@@ -264,6 +266,7 @@ impl PgStore {
             pool,
             ids: Arc::new(Mutex::new(Interned::default())),
             max_new_pages_per_day: options.max_new_pages_per_day,
+            sets: Arc::default(),
         })
     }
 

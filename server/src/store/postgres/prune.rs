@@ -128,6 +128,11 @@ async fn prune_visits(store: &PgStore, before_day: i32) -> Result<u64, Fail> {
             &[&before_day, &CHUNK],
         )
         .await?;
+    if n > 0 {
+        // Sets lost rows: kept sets of every collector are dropped.
+        tx.execute(crate::store::daysets::BUMP_GENERATION, &[])
+            .await?;
+    }
     tx.commit().await?;
     Ok(n)
 }

@@ -2,13 +2,19 @@
 //! counted), each limited inside the database as in SQLite: top pages ranked and cut by SQL,
 //! exact distinct visitors counted only for the rows returned.
 
+use std::collections::HashMap;
+
+use deadpool_postgres::GenericClient;
+use futures_util::TryStreamExt;
 use tally_wire::Numbers;
+use tokio_postgres::types::ToSql;
 
 use super::{ALL_TIME, Fail, PgStore, num_day};
 use crate::core::day::SiteZone;
 use crate::core::filtered::{FilteredCounts, Reason};
 use crate::core::ids::SiteId;
 use crate::core::record::Source;
+use crate::store::daysets::{self, DaySets};
 use crate::store::{
     BySource, CountsRaw, DayRow, EventRow, IMPORTED_SOURCE, PageRow, ReferrerRow, Site, StoreError,
     numbers,
@@ -24,10 +30,7 @@ fn clamp(from: i32, to: i32) -> (i32, i32) {
 }
 
 /// The site's id and whole-site scope, if the site was ever counted.
-async fn site_scope(
-    client: &deadpool_postgres::Client,
-    site: &str,
-) -> Result<Option<(i64, i64)>, Fail> {
+async fn site_scope(client: &impl GenericClient, site: &str) -> Result<Option<(i64, i64)>, Fail> {
     let stmt = client
         .prepare_cached(
             "SELECT k.id, p.id FROM site_keys k JOIN pages p ON p.site = k.id AND p.path = '' \
@@ -224,24 +227,91 @@ pub(super) async fn series(
     Ok(out)
 }
 
-/// Exact distinct visitors of one scope and source over the days `from..=to`.
+/// Exact distinct visitors of one scope and source over the days `from..=to`, in the caller's
+/// snapshot: the days' counter rows say which days have visitors and how many, the kept sets
+/// of the store (`store::daysets`) answer for the days they still match, and the others are
+/// read in one index range, streamed, and kept.
 async fn distinct_visitors(
-    client: &deadpool_postgres::Client,
+    client: &impl GenericClient,
+    sets: &DaySets,
+    generation: i64,
     (site, scope, source): (i64, i64, i16),
-    from: i32,
-    to: i32,
+    (from, to): (i32, i32),
 ) -> Result<u64, Fail> {
     let stmt = client
         .prepare_cached(
-            "SELECT COUNT(DISTINCT visitor) FROM visits \
-             WHERE site = $1 AND day BETWEEN $3 AND $4 AND scope = $2 AND source = $5",
+            "SELECT day, visitors FROM counters \
+             WHERE site = $1 AND scope = $2 AND source = $3 AND day BETWEEN $4 AND $5 \
+             AND visitors > 0",
         )
         .await?;
-    let n: i64 = client
-        .query_one(&stmt, &[&site, &scope, &from, &to, &source])
+    let days: Vec<(i64, u64)> = client
+        .query(&stmt, &[&site, &scope, &source, &from, &to])
         .await?
-        .get(0);
-    Ok(n.max(0) as u64)
+        .iter()
+        .map(|r| {
+            (
+                i64::from(r.get::<_, i32>(0)),
+                r.get::<_, i64>(1).max(0) as u64,
+            )
+        })
+        .collect();
+    let mut union = sets.union(generation, scope, i64::from(source), &days);
+    if union.missing().is_empty() {
+        return Ok(union.count());
+    }
+    let wanted: HashMap<i32, u64> = union
+        .missing()
+        .iter()
+        .filter_map(|&(day, n)| Some((i32::try_from(day).ok()?, n)))
+        .collect();
+    let missing: Vec<i32> = wanted.keys().copied().collect();
+    let stmt = client
+        .prepare_cached(
+            "SELECT day, visitor FROM visits \
+             WHERE site = $1 AND scope = $2 AND source = $3 AND day = ANY($4) ORDER BY day",
+        )
+        .await?;
+    let params: [&(dyn ToSql + Sync); 4] = [&site, &scope, &source, &missing];
+    let rows = client.query_raw(&stmt, params).await?;
+    futures_util::pin_mut!(rows);
+    let mut day: Option<i32> = None;
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    while let Some(row) = rows.try_next().await? {
+        let row_day: i32 = row.get(0);
+        if day != Some(row_day) {
+            if let Some(done) = day {
+                let n = wanted.get(&done).copied().unwrap_or(0);
+                union.add_day(i64::from(done), n, keys.iter().map(Vec::as_slice));
+                keys.clear();
+            }
+            day = Some(row_day);
+        }
+        keys.push(row.get(1));
+    }
+    if let Some(done) = day {
+        let n = wanted.get(&done).copied().unwrap_or(0);
+        union.add_day(i64::from(done), n, keys.iter().map(Vec::as_slice));
+    }
+    Ok(union.count())
+}
+
+/// The set generation, in the caller's snapshot.
+async fn generation(client: &impl GenericClient) -> Result<i64, Fail> {
+    let stmt = client.prepare_cached(daysets::READ_GENERATION).await?;
+    Ok(client.query_one(&stmt, &[]).await?.get(0))
+}
+
+/// A read-only REPEATABLE READ transaction: counters and visitor sets are one snapshot.
+async fn snapshot(
+    client: &mut deadpool_postgres::Client,
+) -> Result<deadpool_postgres::Transaction<'_>, Fail> {
+    Ok(client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?)
 }
 
 pub(super) async fn range_totals(
@@ -250,7 +320,8 @@ pub(super) async fn range_totals(
     from: i32,
     to: i32,
 ) -> Result<BySource, StoreError> {
-    let client = store.client().await?;
+    let mut client = store.client().await?;
+    let client = snapshot(&mut client).await?;
     let mut out = BySource::default();
     let Some((site_id, scope)) = site_scope(&client, site).await? else {
         return Ok(out);
@@ -262,13 +333,15 @@ pub(super) async fn range_totals(
              WHERE site = $1 AND scope = $2 AND day BETWEEN $3 AND $4 GROUP BY source",
         )
         .await?;
+    let generation = generation(&client).await?;
     for row in client.query(&stmt, &[&site_id, &scope, &from, &to]).await? {
         let source: i16 = row.get(0);
         // Imported aggregates have no visitor sets: their daily visitors are summed.
         let visitors = if i64::from(source) == IMPORTED_SOURCE {
             row.get::<_, i64>(2).max(0) as u64
         } else {
-            distinct_visitors(&client, (site_id, scope, source), from, to).await?
+            let key = (site_id, scope, source);
+            distinct_visitors(&client, &store.sets, generation, key, (from, to)).await?
         };
         set_source(
             &mut out,
@@ -279,6 +352,7 @@ pub(super) async fn range_totals(
             },
         );
     }
+    client.commit().await?;
     Ok(out)
 }
 
@@ -289,11 +363,13 @@ pub(super) async fn top_pages(
     to: i32,
     limit: u32,
 ) -> Result<Vec<PageRow>, StoreError> {
-    let client = store.client().await?;
+    let mut client = store.client().await?;
+    let client = snapshot(&mut client).await?;
     let Some((site_id, _)) = site_scope(&client, site).await? else {
         return Ok(Vec::new());
     };
     let (from, to) = clamp(from, to);
+    let generation = generation(&client).await?;
     let stmt = client
         .prepare_cached(
             "SELECT p.id, p.path, \
@@ -322,9 +398,9 @@ pub(super) async fn top_pages(
         ] {
             if views > 0 {
                 target.views = views as u64;
+                let key = (site_id, scope, source.code() as i16);
                 target.visitors =
-                    distinct_visitors(&client, (site_id, scope, source.code() as i16), from, to)
-                        .await?;
+                    distinct_visitors(&client, &store.sets, generation, key, (from, to)).await?;
             }
         }
         pages.push(PageRow {
@@ -332,6 +408,7 @@ pub(super) async fn top_pages(
             numbers,
         });
     }
+    client.commit().await?;
     Ok(pages)
 }
 

@@ -343,6 +343,8 @@ async fn repair_site(store: &PgStore, id: i64) -> Result<VerifyReport, Fail> {
         let (recount, recount_events) = (only.recount(), only.recount_events());
         let recount_referrers = only.recount_referrers();
         let (site, joined) = (&only.site, &only.joined);
+        // The visitor sets are rewritten: kept sets of every collector are dropped.
+        let bump = crate::store::daysets::BUMP_GENERATION;
         tx.batch_execute(&format!(
             "DELETE FROM counters WHERE {counters};
              INSERT INTO counters (site, scope, source, day, views, visitors)
@@ -356,6 +358,7 @@ async fn repair_site(store: &PgStore, id: i64) -> Result<VerifyReport, Fail> {
                  SELECT site, day, name, views FROM ({recount_referrers}) r
                  WHERE {event_counters};
              DELETE FROM visits WHERE {visit_days}{site};
+             {bump};
              INSERT INTO visits (site, day, scope, source, visitor)
                  SELECT site, day, page, source, visitor FROM events
                      WHERE kind = 0 AND {visit_days}{site}

@@ -64,7 +64,7 @@ use guard::FileGuard;
 use intern::{Interned, Resolver};
 use read::{
     id_bound, insert_site, query_sites, read_counts, read_filtered, read_range_totals, read_series,
-    read_top_events, read_top_pages, read_top_referrers,
+    read_top_events, read_top_pages, read_top_referrers, snapshot,
 };
 use schema::ALL_TIME;
 use verify::verify_counters;
@@ -240,6 +240,8 @@ pub struct SqliteStore {
     /// With `SyncMode::Full`: the WAL, synced by this store after each commit instead of by
     /// SQLite inside it (see `durable`).
     wal: Option<Arc<durable::Wal>>,
+    /// Per-day visitor sets kept for range visitors (`store::daysets`).
+    sets: Arc<crate::store::daysets::DaySets>,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -324,6 +326,7 @@ impl SqliteStore {
             guard: Arc::new(guard),
             max_new_pages_per_day: options.max_new_pages_per_day,
             wal,
+            sets: Arc::default(),
         })
     }
 
@@ -561,7 +564,8 @@ impl StatsReader for SqliteStore {
         to: Date,
     ) -> Result<BySource, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_range_totals(conn, &site, from, to))
+        let sets = Arc::clone(&self.sets);
+        self.read(move |conn| snapshot(conn, |c| read_range_totals(c, &sets, &site, from, to)))
             .await
     }
 
@@ -573,7 +577,8 @@ impl StatsReader for SqliteStore {
         limit: u32,
     ) -> Result<Vec<PageRow>, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_top_pages(conn, &site, from, to, limit))
+        let sets = Arc::clone(&self.sets);
+        self.read(move |conn| snapshot(conn, |c| read_top_pages(c, &sets, &site, from, to, limit)))
             .await
     }
 

@@ -122,6 +122,10 @@ async fn prune_visits(store: &SqliteStore, before_day: i64) -> Result<u64, Store
                          (SELECT day, scope, source, visitor FROM visits WHERE day < ?1 LIMIT ?2)",
                     )?
                     .execute(params![before_day, CHUNK as i64])?;
+                if deleted > 0 {
+                    // Sets lost rows: kept sets of every store are dropped.
+                    tx.execute(crate::store::daysets::BUMP_GENERATION, [])?;
+                }
                 tx.commit()?;
                 if deleted > 0 {
                     w.seen.clear();

@@ -3,11 +3,15 @@
 //!
 //! Every query is limited inside the database: top pages are ranked, tie-broken and cut to
 //! `limit` by SQL (grouped in the order of the `pages` index, so no temporary b-tree holds
-//! every page), and exact distinct visitors are counted only for the rows returned, one day
-//! of one scope at a time from the per-day sets.
+//! every page), and exact distinct visitors are counted only for the rows returned, as the
+//! union of the per-day sets kept in memory (`store::daysets`), each day read from the
+//! database only when it is not kept or has changed.
+
+use std::collections::HashMap;
 
 use super::*;
 use crate::core::filtered::Reason;
+use crate::store::daysets::{self, DaySets};
 
 /// The site's id and whole-site scope, if the site was ever counted.
 fn site_scope(conn: &Connection, site: &str) -> Result<Option<(i64, i64)>, StoreError> {
@@ -152,30 +156,74 @@ pub(super) fn read_series(
     Ok(out)
 }
 
-/// Exact distinct visitors of one scope and source over the days `from..=to`: one seek per
-/// day that has rows (the scope's counter rows tell which), and the rows still in the
-/// visitor-set journal (at most `journal::FLUSH_ROWS` and a batch, scanned), counted in a
-/// temporary b-tree.
+/// Exact distinct visitors of one scope and source over the days `from..=to`, in the caller's
+/// read transaction: the days' counter rows say which days have visitors and how many, the
+/// kept sets of `sets` answer for the days they still match, and the others are read (one
+/// seek per day, plus their rows still in the visitor-set journal, one scan of at most
+/// `journal::FLUSH_ROWS` and a batch for all of them) and kept.
 fn distinct_visitors(
     conn: &Connection,
-    scope: i64,
-    source: i64,
-    from: i64,
-    to: i64,
+    sets: &DaySets,
+    generation: i64,
+    (scope, source): (i64, i64),
+    (from, to): (i64, i64),
 ) -> Result<u64, StoreError> {
+    let days: Vec<(i64, u64)> = conn
+        .prepare_cached(
+            "SELECT day, visitors FROM counters \
+             WHERE scope = ?1 AND source = ?2 AND day BETWEEN ?3 AND ?4 AND visitors > 0",
+        )?
+        .query_map(params![scope, source, from, to], |r| {
+            Ok((r.get(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut union = sets.union(generation, scope, source, &days);
+    if union.missing().is_empty() {
+        return Ok(union.count());
+    }
+    let mut journal: HashMap<i64, Vec<Vec<u8>>> = HashMap::new();
     let mut stmt = conn.prepare_cached(
-        "SELECT COUNT(*) FROM (SELECT v.visitor FROM counters c CROSS JOIN visits v \
-         ON v.day = c.day AND v.scope = c.scope AND v.source = c.source \
-         WHERE c.scope = ?1 AND c.source = ?2 AND c.day BETWEEN ?3 AND ?4 \
-         UNION SELECT visitor FROM set_journal \
-         WHERE scope = ?1 AND source = ?2 AND day BETWEEN ?3 AND ?4)",
+        "SELECT day, visitor FROM set_journal \
+         WHERE scope = ?1 AND source = ?2 AND day BETWEEN ?3 AND ?4",
     )?;
-    let n: i64 = stmt.query_row(params![scope, source, from, to], |r| r.get(0))?;
-    Ok(n.max(0) as u64)
+    let mut rows = stmt.query(params![scope, source, from, to])?;
+    while let Some(row) = rows.next()? {
+        journal.entry(row.get(0)?).or_default().push(row.get(1)?);
+    }
+    let mut stmt = conn.prepare_cached(
+        "SELECT visitor FROM visits WHERE day = ?1 AND scope = ?2 AND source = ?3",
+    )?;
+    for (day, visitors) in union.missing().to_vec() {
+        let mut keys: Vec<Vec<u8>> = stmt
+            .query_map(params![day, scope, source], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        keys.extend(journal.remove(&day).unwrap_or_default());
+        union.add_day(day, visitors, keys.iter().map(Vec::as_slice));
+    }
+    Ok(union.count())
 }
 
+/// Run `f` in one read transaction, so counters and visitor sets are one snapshot.
+pub(super) fn snapshot<T>(
+    conn: &mut Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+    let out = f(&tx)?;
+    tx.commit()?;
+    Ok(out)
+}
+
+fn generation(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn
+        .prepare_cached(daysets::READ_GENERATION)?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// Range totals; run it in a [`snapshot`].
 pub(super) fn read_range_totals(
     conn: &Connection,
+    sets: &DaySets,
     site: &str,
     from: i64,
     to: i64,
@@ -194,12 +242,13 @@ pub(super) fn read_range_totals(
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?
         .collect::<Result<_, _>>()?;
+    let generation = generation(conn)?;
     for (source, views, summed) in views {
         // Imported aggregates have no visitor sets: their daily visitors are summed.
         let visitors = if source == IMPORTED_SOURCE {
             summed.max(0) as u64
         } else {
-            distinct_visitors(conn, scope, source, from, to)?
+            distinct_visitors(conn, sets, generation, (scope, source), (from, to))?
         };
         set_source(
             &mut out,
@@ -213,8 +262,10 @@ pub(super) fn read_range_totals(
     Ok(out)
 }
 
+/// Top pages; run it in a [`snapshot`].
 pub(super) fn read_top_pages(
     conn: &Connection,
+    sets: &DaySets,
     site: &str,
     from: i64,
     to: i64,
@@ -240,6 +291,7 @@ pub(super) fn read_top_pages(
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })?
         .collect::<Result<_, _>>()?;
+    let generation = generation(conn)?;
     let mut pages = Vec::with_capacity(ranked.len());
     for (scope, page, web, badge) in ranked {
         let mut numbers = BySource::default();
@@ -249,7 +301,8 @@ pub(super) fn read_top_pages(
         ] {
             if views > 0 {
                 target.views = views as u64;
-                target.visitors = distinct_visitors(conn, scope, source.code(), from, to)?;
+                target.visitors =
+                    distinct_visitors(conn, sets, generation, (scope, source.code()), (from, to))?;
             }
         }
         pages.push(PageRow { page, numbers });

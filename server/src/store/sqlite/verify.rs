@@ -333,6 +333,8 @@ pub(super) fn verify_counters(
                 .map_or(String::new(), |cut| format!(" AND day > {cut}"))
         );
         let site = &only.events;
+        // The visitor sets are rewritten: kept sets of every store are dropped.
+        let bump = crate::store::daysets::BUMP_GENERATION;
         tx.execute_batch(&format!(
             "DELETE FROM counters WHERE {counters};
              INSERT INTO counters (scope, source, day, views, visitors)
@@ -345,6 +347,7 @@ pub(super) fn verify_counters(
                  SELECT scope, day, name, views FROM ({recount_referrers})
                  WHERE {event_counters};
              DELETE FROM visits WHERE {visit_days}{scopes};
+             {bump};
              INSERT OR IGNORE INTO visits (day, scope, source, visitor)
                  SELECT day, page, source, visitor FROM events
                      WHERE kind = 0 AND {visit_days}{site}
