@@ -36,6 +36,7 @@
 //! Backends: [`sqlite`] (the default, one file) and [`postgres`] (several collectors on one
 //! database; `--db postgres://…`).
 pub mod copy;
+pub(crate) mod daypages;
 pub(crate) mod daysets;
 pub mod postgres;
 pub mod sqlite;

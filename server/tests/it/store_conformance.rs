@@ -531,6 +531,94 @@ async fn kept_range_visitors_follow_other_handles(db: &impl Harness) {
     assert_eq!(visitors(&db.handle(DEFAULT_CAP)).await, expected);
 }
 
+/// Top pages read through one handle follow what other handles write: late views into an
+/// old day, daily imports that set page rows (no whole-site row changes), and pruned page rows.
+async fn kept_top_pages_follow_other_handles(db: &impl Harness) {
+    use tally::store::DailyImport;
+    let (reader, writer) = (db.handle(DEFAULT_CAP), db.handle(DEFAULT_CAP));
+    let days = [date(2026, 4, 1), date(2026, 4, 2), date(2026, 4, 3)];
+    let mut n = 0u32;
+    let mut views = |spec: &[(usize, &str, u32)]| {
+        let mut batch = Vec::new();
+        for &(day, page, count) in spec {
+            for _ in 0..count {
+                batch.push(view(n, 1_000 + n, page, days[day]));
+                n += 1;
+            }
+        }
+        batch
+    };
+    let first = views(&[(0, "/a", 5), (0, "/b", 3), (1, "/a", 2), (1, "/b", 4)]);
+    let first = [first, views(&[(2, "/b", 1), (2, "/c", 2)])].concat();
+    writer.commit(first).await.expect("commit");
+    let late = views(&[(0, "/c", 6)]);
+    let top = |store: &Arc<dyn Store>| {
+        let store = Arc::clone(store);
+        async move {
+            let top = store.top_pages(&site_s(), days[0], days[2], 10).await;
+            let top = top.expect("top");
+            top.into_iter()
+                .map(|p| (p.page, p.numbers.web.views))
+                .collect::<Vec<_>>()
+        }
+    };
+    let expect = |rows: &[(&str, u64)]| -> Vec<(String, u64)> {
+        rows.iter().map(|(p, v)| ((*p).to_owned(), *v)).collect()
+    };
+    let check = async |want: Vec<(String, u64)>, why: &str| {
+        assert_eq!(top(&reader).await, want, "{why}");
+        assert_eq!(
+            top(&db.handle(DEFAULT_CAP)).await,
+            want,
+            "{why}, fresh handle"
+        );
+    };
+    check(expect(&[("/b", 8), ("/a", 7), ("/c", 2)]), "first read").await;
+    check(
+        expect(&[("/b", 8), ("/a", 7), ("/c", 2)]),
+        "read again, from what is kept",
+    )
+    .await;
+
+    writer.commit(late).await.expect("late");
+    check(
+        expect(&[("/b", 8), ("/c", 8), ("/a", 7)]),
+        "late views of the first day",
+    )
+    .await;
+
+    let daily = |views| DailyImport {
+        page: Some(PagePath::parse("/d").expect("page")),
+        day: days[1],
+        views,
+        visitors: 1,
+    };
+    writer
+        .import_daily(&site_s(), vec![daily(1_000)])
+        .await
+        .expect("import");
+    let imported = expect(&[("/d", 1_000), ("/b", 8), ("/c", 8), ("/a", 7)]);
+    check(imported, "a page-only daily import").await;
+    writer
+        .import_daily(&site_s(), vec![daily(3)])
+        .await
+        .expect("again");
+    let replaced = expect(&[("/b", 8), ("/c", 8), ("/a", 7), ("/d", 3)]);
+    check(replaced, "a daily import that lowers a row").await;
+
+    // On 04-05, keeping 3 days of page rows: the page rows of 04-01 go.
+    let now: jiff::Timestamp = "2026-04-05T12:00:00Z".parse().expect("ts");
+    let policy = Retention {
+        raw_days: 0,
+        visitor_days: 0,
+        page_days: 3,
+    };
+    let report = writer.prune(policy, now).await.expect("prune");
+    assert!(report.counter_rows > 0, "{report:?}");
+    let pruned = expect(&[("/b", 5), ("/d", 3), ("/a", 2), ("/c", 2)]);
+    check(pruned, "pruned page rows").await;
+}
+
 /// A page view number `i` (any u32) of `visitor` on `page`, at noon UTC of `day`.
 pub(crate) fn view(i: u32, visitor: u32, page: &str, day: jiff::civil::Date) -> Record {
     let at = day
@@ -1416,6 +1504,7 @@ macro_rules! backends {
                 prune_each_kind_keeps_verify_clean,
                 range_visitors_are_exact_at_100k,
                 kept_range_visitors_follow_other_handles,
+                kept_top_pages_follow_other_handles,
                 page_cap_counts_new_pages_beyond_it_under_other,
                 series_lists_days_with_views_by_source,
                 top_pages_rank_by_the_larger_source_and_limit,

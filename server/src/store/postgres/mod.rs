@@ -206,6 +206,8 @@ pub struct PgStore {
     max_new_pages_per_day: u32,
     /// Per-day visitor sets kept for range visitors (`store::daysets`).
     sets: Arc<crate::store::daysets::DaySets>,
+    /// Per-day page rows kept for top pages (`store::daypages`).
+    pages: Arc<crate::store::daypages::DayPages>,
 }
 
 fn valid_schema(name: &str) -> bool {
@@ -267,6 +269,7 @@ impl PgStore {
             ids: Arc::new(Mutex::new(Interned::default())),
             max_new_pages_per_day: options.max_new_pages_per_day,
             sets: Arc::default(),
+            pages: Arc::default(),
         })
     }
 

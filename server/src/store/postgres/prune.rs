@@ -162,6 +162,11 @@ async fn prune_page_rows(
             &[&sites, &ids, &before_day],
         )
         .await?;
+    if n > 0 {
+        // Page rows are removed: kept page rows of every store are dropped.
+        tx.execute(crate::store::daysets::BUMP_GENERATION, &[])
+            .await?;
+    }
     tx.commit().await?;
     Ok((n, ids.last().copied()))
 }

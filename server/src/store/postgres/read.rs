@@ -14,6 +14,7 @@ use crate::core::day::SiteZone;
 use crate::core::filtered::{FilteredCounts, Reason};
 use crate::core::ids::SiteId;
 use crate::core::record::Source;
+use crate::store::daypages::{self, Stamp};
 use crate::store::daysets::{self, DaySets};
 use crate::store::{
     BySource, CountsRaw, DayRow, EventRow, IMPORTED_SOURCE, PageRow, ReferrerRow, Site, StoreError,
@@ -356,6 +357,60 @@ pub(super) async fn range_totals(
     Ok(out)
 }
 
+/// The stamps ([`daypages::Stamp`]) of every day `from..=to` of the whole-site scope.
+async fn day_stamps(
+    client: &impl GenericClient,
+    (site, scope): (i64, i64),
+    (from, to): (i32, i32),
+) -> Result<Vec<(i64, Stamp)>, Fail> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT day, source, views FROM counters \
+             WHERE site = $1 AND scope = $2 AND source IN (0, 1, 2) AND day BETWEEN $3 AND $4",
+        )
+        .await?;
+    let mut stamps: HashMap<i32, Stamp> = HashMap::new();
+    for row in client.query(&stmt, &[&site, &scope, &from, &to]).await? {
+        let source: i16 = row.get(1);
+        if let Some(slot) = stamps
+            .entry(row.get(0))
+            .or_default()
+            .get_mut(source as usize)
+        {
+            *slot = row.get(2);
+        }
+    }
+    Ok((from..=to)
+        .map(|day| {
+            (
+                i64::from(day),
+                stamps.get(&day).copied().unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// Runs of consecutive days: a warm read misses today and perhaps a day a late hit changed,
+/// each read as one range; past `MAX_RUNS` runs, one range spans them all.
+fn day_runs(days: &[i64]) -> Vec<(i32, i32)> {
+    const MAX_RUNS: usize = 8;
+    let mut runs: Vec<(i32, i32)> = Vec::new();
+    for day in days.iter().filter_map(|&d| i32::try_from(d).ok()) {
+        match runs.last_mut() {
+            Some(run) if run.1 + 1 == day => run.1 = day,
+            _ => runs.push((day, day)),
+        }
+    }
+    if runs.len() > MAX_RUNS {
+        let span = (runs[0].0, runs[runs.len() - 1].1);
+        return vec![span];
+    }
+    runs
+}
+
+/// Top pages, in one snapshot: the days' page views come from the rows kept in the store's
+/// `pages` (`store::daypages`), the days missing read in one index range per run of days,
+/// and exact distinct visitors are counted only for the pages returned.
 pub(super) async fn top_pages(
     store: &PgStore,
     site: &str,
@@ -365,48 +420,77 @@ pub(super) async fn top_pages(
 ) -> Result<Vec<PageRow>, StoreError> {
     let mut client = store.client().await?;
     let client = snapshot(&mut client).await?;
-    let Some((site_id, _)) = site_scope(&client, site).await? else {
+    let Some((site_id, site_scope)) = site_scope(&client, site).await? else {
         return Ok(Vec::new());
     };
     let (from, to) = clamp(from, to);
     let generation = generation(&client).await?;
+    let stamps = day_stamps(&client, (site_id, site_scope), (from, to)).await?;
+    let mut sum = store.pages.sum(generation, site_scope, &stamps);
+    if !sum.missing().is_empty() {
+        let wanted: HashMap<i64, Stamp> = sum.missing().iter().copied().collect();
+        let mut days: Vec<i64> = wanted.keys().copied().collect();
+        days.sort_unstable();
+        let stmt = client
+            .prepare_cached(
+                "SELECT c.day, c.scope, c.source, c.views \
+                 FROM pages p JOIN counters c ON c.site = p.site AND c.scope = p.id \
+                      AND c.source = ANY('{0,1,2}'::int2[]) AND c.day BETWEEN $2 AND $3 \
+                 WHERE p.site = $1 AND p.path != ''",
+            )
+            .await?;
+        let mut by_day: HashMap<i64, Vec<daypages::DayRow>> = HashMap::new();
+        for (lo, hi) in day_runs(&days) {
+            let params: [&(dyn ToSql + Sync); 3] = [&site_id, &lo, &hi];
+            let rows = client.query_raw(&stmt, params).await?;
+            futures_util::pin_mut!(rows);
+            while let Some(row) = rows.try_next().await? {
+                let day = i64::from(row.get::<_, i32>(0));
+                if wanted.contains_key(&day) {
+                    let source = i64::from(row.get::<_, i16>(2));
+                    by_day
+                        .entry(day)
+                        .or_default()
+                        .push((row.get(1), source, row.get(3)));
+                }
+            }
+        }
+        for day in days {
+            let mut rows = by_day.remove(&day).unwrap_or_default();
+            rows.sort_unstable();
+            sum.add_day(day, wanted[&day], &rows);
+        }
+    }
+    let candidates = daypages::candidates(sum.totals(), limit as usize);
+    let ids: Vec<i64> = candidates.iter().map(|(scope, _)| *scope).collect();
     let stmt = client
-        .prepare_cached(
-            "SELECT p.id, p.path, \
-                    SUM(CASE WHEN c.source = 1 THEN 0 ELSE c.views END)::int8 AS web, \
-                    SUM(CASE WHEN c.source = 1 THEN c.views ELSE 0 END)::int8 AS badge \
-             FROM pages p JOIN counters c ON c.site = p.site AND c.scope = p.id \
-                  AND c.day BETWEEN $2 AND $3 \
-             WHERE p.site = $1 AND p.path != '' \
-             GROUP BY p.id, p.path \
-             ORDER BY GREATEST(SUM(CASE WHEN c.source = 1 THEN 0 ELSE c.views END), \
-                               SUM(CASE WHEN c.source = 1 THEN c.views ELSE 0 END)) DESC, \
-                      p.path COLLATE \"C\" \
-             LIMIT $4",
-        )
+        .prepare_cached("SELECT id, path FROM pages WHERE id = ANY($1)")
         .await?;
-    let ranked = client
-        .query(&stmt, &[&site_id, &from, &to, &i64::from(limit)])
-        .await?;
-    let mut pages = Vec::with_capacity(ranked.len());
-    for row in ranked {
-        let scope: i64 = row.get(0);
+    let paths: HashMap<i64, String> = client
+        .query(&stmt, &[&ids])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let named: Vec<(i64, String, daypages::PageViews)> = candidates
+        .into_iter()
+        .filter_map(|(scope, views)| Some((scope, paths.get(&scope)?.clone(), views)))
+        .collect();
+    let mut pages = Vec::new();
+    for (scope, page, views) in daypages::ranked(named, limit as usize) {
         let mut numbers = BySource::default();
         for (source, views, target) in [
-            (Source::Web, row.get::<_, i64>(2), &mut numbers.web),
-            (Source::Badge, row.get::<_, i64>(3), &mut numbers.badge),
+            (Source::Web, views.web, &mut numbers.web),
+            (Source::Badge, views.badge, &mut numbers.badge),
         ] {
             if views > 0 {
-                target.views = views as u64;
+                target.views = views;
                 let key = (site_id, scope, source.code() as i16);
                 target.visitors =
                     distinct_visitors(&client, &store.sets, generation, key, (from, to)).await?;
             }
         }
-        pages.push(PageRow {
-            page: row.get(1),
-            numbers,
-        });
+        pages.push(PageRow { page, numbers });
     }
     client.commit().await?;
     Ok(pages)

@@ -735,6 +735,9 @@ pub(super) async fn import_daily(
         &[&site, &source, &scopes],
     )
     .await?;
+    // Rows are set, not added to: kept page rows of every store are dropped.
+    tx.execute(crate::store::daysets::BUMP_GENERATION, &[])
+        .await?;
     let pending = resolver.into_pending();
     tx.commit().await?;
     store.known().absorb(pending);

@@ -85,6 +85,8 @@ impl ImportSink for SqliteStore {
                     all_time.execute(params![scope, IMPORTED_SOURCE])?;
                 }
             }
+            // Rows are set, not added to: kept page rows of every store are dropped.
+            tx.execute(crate::store::daysets::BUMP_GENERATION, [])?;
             let pending = ids.into_pending();
             guard.check_file()?;
             tx.commit()?;

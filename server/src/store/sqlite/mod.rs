@@ -242,6 +242,8 @@ pub struct SqliteStore {
     wal: Option<Arc<durable::Wal>>,
     /// Per-day visitor sets kept for range visitors (`store::daysets`).
     sets: Arc<crate::store::daysets::DaySets>,
+    /// Per-day page rows kept for top pages (`store::daypages`).
+    pages: Arc<crate::store::daypages::DayPages>,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -327,6 +329,7 @@ impl SqliteStore {
             max_new_pages_per_day: options.max_new_pages_per_day,
             wal,
             sets: Arc::default(),
+            pages: Arc::default(),
         })
     }
 
@@ -577,9 +580,13 @@ impl StatsReader for SqliteStore {
         limit: u32,
     ) -> Result<Vec<PageRow>, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        let sets = Arc::clone(&self.sets);
-        self.read(move |conn| snapshot(conn, |c| read_top_pages(c, &sets, &site, from, to, limit)))
-            .await
+        let (sets, pages) = (Arc::clone(&self.sets), Arc::clone(&self.pages));
+        self.read(move |conn| {
+            snapshot(conn, |c| {
+                read_top_pages(c, (&sets, &pages), &site, from, to, limit)
+            })
+        })
+        .await
     }
 
     async fn top_referrers(

@@ -166,6 +166,10 @@ async fn prune_page_rows(store: &SqliteStore, before_day: i64) -> Result<u64, St
                         deleted += delete.execute(params![scope, before_day])? as u64;
                     }
                 }
+                if deleted > 0 {
+                    // Page rows are removed: kept page rows of every store are dropped.
+                    tx.execute(crate::store::daysets::BUMP_GENERATION, [])?;
+                }
                 tx.commit()?;
                 Ok((deleted, scopes.last().copied()))
             })

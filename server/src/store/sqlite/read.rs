@@ -1,16 +1,16 @@
 //! Queries: counts, sites, daily series, range totals, top pages, referrers (from their
 //! counters), events and the views not counted.
 //!
-//! Every query is limited inside the database: top pages are ranked, tie-broken and cut to
-//! `limit` by SQL (grouped in the order of the `pages` index, so no temporary b-tree holds
-//! every page), and exact distinct visitors are counted only for the rows returned, as the
-//! union of the per-day sets kept in memory (`store::daysets`), each day read from the
-//! database only when it is not kept or has changed.
+//! Range reads sum what is kept in memory, each day read from the database only when it is
+//! not kept or has changed: top pages from the per-day page rows (`store::daypages`), exact
+//! distinct visitors, counted only for the rows returned, as the union of the per-day sets
+//! (`store::daysets`).
 
 use std::collections::HashMap;
 
 use super::*;
 use crate::core::filtered::Reason;
+use crate::store::daypages::{self, DayPages, Stamp};
 use crate::store::daysets::{self, DaySets};
 
 /// The site's id and whole-site scope, if the site was ever counted.
@@ -262,52 +262,93 @@ pub(super) fn read_range_totals(
     Ok(out)
 }
 
-/// Top pages; run it in a [`snapshot`].
+/// The stamps ([`daypages::Stamp`]) of every day `from..=to` of the whole-site scope.
+fn day_stamps(
+    conn: &Connection,
+    scope: i64,
+    (from, to): (i64, i64),
+) -> Result<Vec<(i64, Stamp)>, StoreError> {
+    let mut stamps: HashMap<i64, Stamp> = HashMap::new();
+    let mut stmt = conn.prepare_cached(
+        "SELECT day, source, views FROM counters \
+         WHERE scope = ?1 AND source IN (0, 1, 2) AND day BETWEEN ?2 AND ?3",
+    )?;
+    let mut rows = stmt.query(params![scope, from, to])?;
+    while let Some(row) = rows.next()? {
+        let source: i64 = row.get(1)?;
+        if let Some(slot) = stamps
+            .entry(row.get(0)?)
+            .or_default()
+            .get_mut(source as usize)
+        {
+            *slot = row.get(2)?;
+        }
+    }
+    Ok((from..=to)
+        .map(|day| (day, stamps.get(&day).copied().unwrap_or_default()))
+        .collect())
+}
+
+/// Top pages; run it in a [`snapshot`]. The days' page views come from the rows kept in
+/// `pages` (`store::daypages`), each day missing read in one seek of the counters' key (day
+/// first), and exact distinct visitors are counted only for the pages returned.
 pub(super) fn read_top_pages(
     conn: &Connection,
-    sets: &DaySets,
+    (sets, pages): (&DaySets, &DayPages),
     site: &str,
     from: i64,
     to: i64,
     limit: u32,
 ) -> Result<Vec<PageRow>, StoreError> {
-    let Some((site_id, _)) = site_scope(conn, site)? else {
+    let Some((site_id, site_scope)) = site_scope(conn, site)? else {
         return Ok(Vec::new());
     };
     let (from, to) = clamp(from, to);
-    // Pages come in the order of the (site, path) index, so grouping by path streams; the
-    // sorter keeps only the `limit` best rows.
-    let mut stmt = conn.prepare_cached(
-        "SELECT p.id, p.path, \
-                SUM(CASE WHEN c.source IN (0, 2) THEN c.views ELSE 0 END) AS web, \
-                SUM(CASE WHEN c.source = 1 THEN c.views ELSE 0 END) AS badge \
-         FROM pages p CROSS JOIN counters c \
-              ON c.scope = p.id AND c.source IN (0, 1, 2) AND c.day BETWEEN ?2 AND ?3 \
-         WHERE p.site = ?1 AND p.path != '' \
-         GROUP BY p.path ORDER BY max(web, badge) DESC, p.path LIMIT ?4",
-    )?;
-    let ranked: Vec<(i64, String, i64, i64)> = stmt
-        .query_map(params![site_id, from, to, limit], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })?
-        .collect::<Result<_, _>>()?;
     let generation = generation(conn)?;
-    let mut pages = Vec::with_capacity(ranked.len());
-    for (scope, page, web, badge) in ranked {
+    let stamps = day_stamps(conn, site_scope, (from, to))?;
+    let mut sum = pages.sum(generation, site_scope, &stamps);
+    if !sum.missing().is_empty() {
+        let (lo, hi): (Option<i64>, Option<i64>) = conn
+            .prepare_cached("SELECT MIN(id), MAX(id) FROM pages WHERE site = ?1")?
+            .query_row([site_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT c.scope, c.source, c.views FROM counters c CROSS JOIN pages p ON p.id = c.scope \
+             WHERE c.day = ?1 AND c.scope BETWEEN ?2 AND ?3 AND c.source IN (0, 1, 2) \
+               AND p.site = ?4 AND p.path != '' \
+             ORDER BY c.scope",
+        )?;
+        for (day, stamp) in sum.missing().to_vec() {
+            let rows: Vec<daypages::DayRow> = stmt
+                .query_map(params![day, lo, hi, site_id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?
+                .collect::<Result<_, _>>()?;
+            sum.add_day(day, stamp, &rows);
+        }
+    }
+    let mut path = conn.prepare_cached("SELECT path FROM pages WHERE id = ?1")?;
+    let mut named = Vec::new();
+    for (scope, views) in daypages::candidates(sum.totals(), limit as usize) {
+        if let Some(page) = path.query_row([scope], |r| r.get(0)).optional()? {
+            named.push((scope, page, views));
+        }
+    }
+    let mut out = Vec::new();
+    for (scope, page, views) in daypages::ranked(named, limit as usize) {
         let mut numbers = BySource::default();
         for (source, views, target) in [
-            (Source::Web, web, &mut numbers.web),
-            (Source::Badge, badge, &mut numbers.badge),
+            (Source::Web, views.web, &mut numbers.web),
+            (Source::Badge, views.badge, &mut numbers.badge),
         ] {
             if views > 0 {
-                target.views = views as u64;
+                target.views = views;
                 target.visitors =
                     distinct_visitors(conn, sets, generation, (scope, source.code()), (from, to))?;
             }
         }
-        pages.push(PageRow { page, numbers });
+        out.push(PageRow { page, numbers });
     }
-    Ok(pages)
+    Ok(out)
 }
 
 /// The smallest UUIDv7 key of an instant: ids at or after `ms` sort at or after it.
