@@ -33,7 +33,7 @@ const BYTES_PER_DAY: usize = 64;
 /// The views of the whole-site rows of one day, by source code (0, 1, 2).
 pub(crate) type Stamp = [i64; 3];
 
-/// One page row of a day as read: (page scope, source code, views).
+/// One counter row as read: (page scope or day, source code, views).
 pub(crate) type DayRow = (i64, i64, i64);
 
 /// One page's views on one day, as kept: views past `u32::MAX` keep the day out of memory.
@@ -198,6 +198,23 @@ impl PageSum<'_> {
     pub(crate) fn totals(self) -> impl Iterator<Item = (i64, PageViews)> {
         self.totals.into_iter()
     }
+}
+
+/// The stamp of every day `from..=to` from the whole-site rows (day, source code, views) of
+/// the range; a day without rows has the stamp `[0, 0, 0]`.
+pub(crate) fn stamps(
+    rows: impl IntoIterator<Item = DayRow>,
+    (from, to): (i64, i64),
+) -> Vec<(i64, Stamp)> {
+    let mut by_day: HashMap<i64, Stamp> = HashMap::new();
+    for (day, source, views) in rows {
+        if let Some(slot) = by_day.entry(day).or_default().get_mut(source as usize) {
+            *slot = views;
+        }
+    }
+    (from..=to)
+        .map(|day| (day, by_day.get(&day).copied().unwrap_or_default()))
+        .collect()
 }
 
 fn best(v: &PageViews) -> u64 {

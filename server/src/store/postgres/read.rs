@@ -369,25 +369,15 @@ async fn day_stamps(
              WHERE site = $1 AND scope = $2 AND source IN (0, 1, 2) AND day BETWEEN $3 AND $4",
         )
         .await?;
-    let mut stamps: HashMap<i32, Stamp> = HashMap::new();
-    for row in client.query(&stmt, &[&site, &scope, &from, &to]).await? {
-        let source: i16 = row.get(1);
-        if let Some(slot) = stamps
-            .entry(row.get(0))
-            .or_default()
-            .get_mut(source as usize)
-        {
-            *slot = row.get(2);
-        }
-    }
-    Ok((from..=to)
-        .map(|day| {
-            (
-                i64::from(day),
-                stamps.get(&day).copied().unwrap_or_default(),
-            )
-        })
-        .collect())
+    let rows = client.query(&stmt, &[&site, &scope, &from, &to]).await?;
+    let rows = rows.iter().map(|row| {
+        (
+            i64::from(row.get::<_, i32>(0)),
+            i64::from(row.get::<_, i16>(1)),
+            row.get(2),
+        )
+    });
+    Ok(daypages::stamps(rows, (i64::from(from), i64::from(to))))
 }
 
 /// Runs of consecutive days: a warm read misses today and perhaps a day a late hit changed,

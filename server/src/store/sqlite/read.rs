@@ -268,25 +268,16 @@ fn day_stamps(
     scope: i64,
     (from, to): (i64, i64),
 ) -> Result<Vec<(i64, Stamp)>, StoreError> {
-    let mut stamps: HashMap<i64, Stamp> = HashMap::new();
-    let mut stmt = conn.prepare_cached(
-        "SELECT day, source, views FROM counters \
-         WHERE scope = ?1 AND source IN (0, 1, 2) AND day BETWEEN ?2 AND ?3",
-    )?;
-    let mut rows = stmt.query(params![scope, from, to])?;
-    while let Some(row) = rows.next()? {
-        let source: i64 = row.get(1)?;
-        if let Some(slot) = stamps
-            .entry(row.get(0)?)
-            .or_default()
-            .get_mut(source as usize)
-        {
-            *slot = row.get(2)?;
-        }
-    }
-    Ok((from..=to)
-        .map(|day| (day, stamps.get(&day).copied().unwrap_or_default()))
-        .collect())
+    let rows: Vec<daypages::DayRow> = conn
+        .prepare_cached(
+            "SELECT day, source, views FROM counters \
+             WHERE scope = ?1 AND source IN (0, 1, 2) AND day BETWEEN ?2 AND ?3",
+        )?
+        .query_map(params![scope, from, to], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(daypages::stamps(rows, (from, to)))
 }
 
 /// Top pages; run it in a [`snapshot`]. The days' page views come from the rows kept in
