@@ -133,6 +133,9 @@ mod tests {
             referrer,
             name,
             dedupe,
+            screen_width: _,
+            engaged_ms: _,
+            scroll: _,
         } = h;
         HitFields {
             site,
@@ -156,6 +159,9 @@ mod tests {
             referrer: Some("https://b.example/é😀".into()),
             name: None,
             dedupe: None,
+            screen_width: None,
+            engaged_ms: None,
+            scroll: None,
         }
     }
 

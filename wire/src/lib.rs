@@ -26,6 +26,11 @@ pub const MAX_BATCH_BYTES: usize = MAX_BATCH_RECORDS * MAX_HIT_BYTES;
 pub const TYPE_PAGEVIEW: &str = "pageview";
 /// `type` of a custom event.
 pub const TYPE_EVENT: &str = "event";
+/// `type` of an engagement report: the visible and focused time and the largest scroll depth
+/// of the page view whose `event_id` it carries, as they stand now (totals, not increments).
+pub const TYPE_ENGAGEMENT: &str = "engagement";
+/// Largest `engaged_ms` accepted: 30 days.
+pub const MAX_ENGAGED_MS: u64 = 30 * 24 * 3_600_000;
 
 /// One page view or custom event: the body of `POST /api/v1/hit`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,12 +51,13 @@ pub struct Hit {
         schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog")
     )]
     pub site: String,
-    /// `pageview` or `event`.
+    /// `pageview`, `event` or `engagement`.
     #[serde(rename = "type")]
     #[cfg_attr(feature = "openapi", schema(value_type = HitType))]
     pub kind: String,
     /// A UUIDv7 made by the client for this one event; retries reuse it. Its time must lie in
-    /// the collector's window (by default 24 h back, 5 min ahead).
+    /// the collector's window (by default 72 h back, 5 min ahead). An `engagement` carries the
+    /// event id of the page view it reports on.
     #[cfg_attr(
         feature = "openapi",
         schema(
@@ -83,6 +89,20 @@ pub struct Hit {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 128))]
     pub dedupe: Option<String>,
+    /// The width of the visitor's screen in CSS pixels (page views; decides the device
+    /// class: under 576 mobile, under 992 tablet, under 1440 laptop, else desktop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 100000))]
+    pub screen_width: Option<u32>,
+    /// `engagement` only: the page view's visible and focused time so far, ms (the collector
+    /// keeps the largest value it was sent, so a resend never adds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 2592000000_u64))]
+    pub engaged_ms: Option<u64>,
+    /// `engagement` only: the largest share of the page scrolled into view so far, percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 100))]
+    pub scroll: Option<u8>,
 }
 
 /// The `type` of a hit: `pageview`, or `event` (with a `name`). (In Rust the field is a
@@ -95,6 +115,8 @@ pub enum HitType {
     Pageview,
     /// A custom event (`name` required).
     Event,
+    /// An engagement report on a page view (`event_id` = the page view's).
+    Engagement,
 }
 
 /// How the collector treated one record.

@@ -188,6 +188,9 @@ mod tests {
             referrer: Some("https://news.example/item?id=5#c".into()),
             name: None,
             dedupe: None,
+            screen_width: None,
+            engaged_ms: None,
+            scroll: None,
         }
     }
 
