@@ -29,6 +29,7 @@ pub mod bots;
 pub mod ingest;
 pub mod not_counted;
 pub mod privacy;
+pub mod seal;
 pub mod secrets;
 pub mod shares;
 pub mod sites;
