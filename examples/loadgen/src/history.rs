@@ -754,6 +754,7 @@ mod tests {
                         keys.insert(r.visitor.0);
                     }
                     HitKind::Event { .. } => events += 1,
+                    HitKind::Engagement { .. } => {}
                 }
             }
             if day.iter().any(|r| matches!(r.kind, HitKind::Pageview)) {
