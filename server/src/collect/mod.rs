@@ -247,6 +247,12 @@ impl Collector {
         }
     }
 
+    /// Whether the location database in use asks for an attribution where its results are
+    /// shown (DB-IP's lite files).
+    pub fn geo_credit(&self) -> bool {
+        false
+    }
+
     /// Stage 1, before a body is read: refuse at once a sender with no allowance left
     /// (unless it presents a key, checked after parsing), or one presenting a key that has
     /// used up its wrong guesses.
@@ -422,7 +428,7 @@ impl Collector {
         // 7. Commit.
         let (slots, records): (Vec<usize>, Vec<Record>) = going
             .into_iter()
-            .filter_map(|(slot, view, _, _, visitor)| Some((slot, view.into_record(visitor?))))
+            .filter_map(|(slot, view, _, _, visitor)| Some((slot, view.into_record(visitor?, Default::default()))))
             .unzip();
         if records.is_empty() {
             return Ok(results);

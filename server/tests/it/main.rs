@@ -25,6 +25,7 @@ mod multi_collector;
 mod openapi;
 mod overload;
 mod privacy;
+mod query_api;
 mod redis_shared;
 mod report_store;
 mod reports;

@@ -27,6 +27,7 @@ mod badge;
 mod compress;
 mod counts;
 mod dashboard;
+mod dashboard_view;
 mod error;
 mod headers;
 mod hit;
