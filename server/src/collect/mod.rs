@@ -25,6 +25,7 @@
 //!
 //! Every view that stops at stages 2–6 is tallied by reason ([`not_counted`]).
 
+pub mod agents;
 pub mod bots;
 pub mod ingest;
 pub mod not_counted;
