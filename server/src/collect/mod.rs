@@ -27,6 +27,7 @@
 
 pub mod agents;
 pub mod bots;
+pub mod geo;
 pub mod ingest;
 pub mod not_counted;
 pub mod privacy;
