@@ -34,6 +34,7 @@ pub mod privacy;
 pub mod secrets;
 pub mod shares;
 pub mod sites;
+pub mod sources;
 
 use std::net::IpAddr;
 use std::sync::Arc;
