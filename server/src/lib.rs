@@ -90,8 +90,13 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let (ingest, writer) = Ingest::start(store.clone(), config.ingest, Arc::clone(&metrics));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let pruner = tokio::spawn(prune_loop(
+    let pruner = tokio::spawn(upkeep_loop(
         store.clone(),
+        collect::seal::Sealer {
+            sites: store.clone(),
+            segments: store.clone(),
+            window: config.window,
+        },
         Arc::clone(&clock),
         Retention {
             raw_days: config.retention_days,
@@ -240,29 +245,61 @@ async fn learn_logouts(
     Ok(())
 }
 
-/// Apply the retention policy now and every hour (salts older than two days go too, so the
-/// loop always runs).
-async fn prune_loop(
+/// How often finished days are sealed.
+const SEAL_EVERY: Duration = Duration::from_secs(600);
+/// How often the retention policy is applied.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Seal finished days now and every [`SEAL_EVERY`]; apply the retention policy now and every
+/// [`PRUNE_EVERY`] (salts older than two days go too, so it always runs), raw events only
+/// after a complete seal pass: a day's segment exists before its raw events go.
+async fn upkeep_loop(
     store: Arc<dyn Maintenance>,
+    sealer: collect::seal::Sealer,
     clock: Arc<dyn Clock>,
     policy: Retention,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut pruned_at: Option<tokio::time::Instant> = None;
     loop {
-        match store.prune(policy, clock.now()).await {
-            Ok(r) if r == Default::default() => {}
-            Ok(r) => tracing::info!(
-                events = r.events,
-                visitor_rows = r.visitor_rows,
-                counter_rows = r.counter_rows,
-                salts = r.salts,
-                "pruned past retention"
-            ),
-            Err(e) => tracing::warn!(error = %e, "pruning failed; will retry"),
+        let complete = match sealer.pass(clock.now(), u64::MAX).await {
+            Ok(r) => {
+                if r.sealed > 0 {
+                    tracing::info!(days = r.sealed, "sealed finished days");
+                }
+                r.complete
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "sealing finished days failed; will retry");
+                false
+            }
+        };
+        if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+            let policy = if complete {
+                policy
+            } else {
+                // Raw events of unsealed days stay until a pass seals them.
+                Retention {
+                    raw_days: 0,
+                    ..policy
+                }
+            };
+            match store.prune(policy, clock.now()).await {
+                Ok(r) if r == Default::default() => {}
+                Ok(r) => tracing::info!(
+                    events = r.events,
+                    visitor_rows = r.visitor_rows,
+                    counter_rows = r.counter_rows,
+                    salts = r.salts,
+                    "pruned past retention"
+                ),
+                Err(e) => tracing::warn!(error = %e, "pruning failed; will retry"),
+            }
+            pruned_at = Some(tokio::time::Instant::now());
         }
         tokio::select! {
             _ = stop.changed() => return,
-            _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+            _ = tokio::time::sleep(SEAL_EVERY) => {}
         }
     }
 }

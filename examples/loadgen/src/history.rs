@@ -266,6 +266,7 @@ impl History {
                     at_ms,
                     day,
                     referrer: referrer.take(),
+                    dims: Default::default(),
                 });
                 if self.rng.chance(0.06) {
                     let i = weighted(&mut self.rng, EVENTS.iter().map(|e| e.1));
@@ -283,6 +284,7 @@ impl History {
                         at_ms: at.as_millisecond(),
                         day,
                         referrer: None,
+                        dims: Default::default(),
                     });
                 }
                 at_ms += 20_000 + self.rng.below(280_000) as i64;
@@ -752,6 +754,7 @@ mod tests {
                         keys.insert(r.visitor.0);
                     }
                     HitKind::Event { .. } => events += 1,
+                    HitKind::Engagement { .. } => {}
                 }
             }
             if day.iter().any(|r| matches!(r.kind, HitKind::Pageview)) {

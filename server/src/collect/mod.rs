@@ -31,6 +31,7 @@ pub mod geo;
 pub mod ingest;
 pub mod not_counted;
 pub mod privacy;
+pub mod seal;
 pub mod secrets;
 pub mod shares;
 pub mod sites;

@@ -217,6 +217,7 @@ impl View {
             at_ms: at.as_millisecond(),
             day: self.day,
             referrer: self.referrer,
+            dims: Default::default(),
         }
     }
 }
@@ -267,6 +268,8 @@ mod tests {
             visitor: None,
             page: PagePath::parse("/a").expect("page"),
             referrer: None,
+            campaign: Default::default(),
+            screen_width: None,
         };
         View::from_hit(valid, &zone, keyed)
     }

@@ -28,6 +28,7 @@ mod privacy;
 mod redis_shared;
 mod report_store;
 mod reports;
+mod segment_store;
 mod sessions;
 mod shared_conformance;
 mod shares;

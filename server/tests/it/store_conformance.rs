@@ -71,6 +71,7 @@ fn record(n: u8, visitor: u8, page: &str, day: jiff::civil::Date) -> Record {
         at_ms: at.as_millisecond(),
         day,
         referrer: None,
+        dims: Default::default(),
     }
 }
 

@@ -745,7 +745,7 @@ fn finish(
 
 /// The order rows are sorted in: as asked, else time ascending, then the first metric
 /// descending (Plausible's default).
-pub(crate) fn order_of(query: &Query) -> Vec<(OrderKey, bool)> {
+pub fn order_of(query: &Query) -> Vec<(OrderKey, bool)> {
     if !query.order_by.is_empty() {
         return query.order_by.clone();
     }

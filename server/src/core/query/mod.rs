@@ -28,7 +28,7 @@
 
 mod eval;
 
-pub use eval::{Answer, Dictionary, Row, Value, run};
+pub use eval::{Answer, Dictionary, Row, Value, order_of, run};
 
 /// A metric that can be asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

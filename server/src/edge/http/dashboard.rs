@@ -136,7 +136,7 @@ impl RangeQuery {
 }
 
 /// The site, if the caller may see its stats, and whether the caller is the admin.
-async fn authorised(
+pub(super) async fn authorised(
     state: &AppState,
     raw: &str,
     peer: SocketAddr,
