@@ -25,7 +25,9 @@
 //!
 //! Every view that stops at stages 2–6 is tallied by reason ([`not_counted`]).
 
+pub mod agents;
 pub mod bots;
+pub mod geo;
 pub mod ingest;
 pub mod not_counted;
 pub mod privacy;
@@ -33,6 +35,7 @@ pub mod seal;
 pub mod secrets;
 pub mod shares;
 pub mod sites;
+pub mod sources;
 
 use std::net::IpAddr;
 use std::sync::Arc;
