@@ -151,6 +151,14 @@ pub async fn run(
         }
         None => None,
     };
+    // The location database is read whole at the start: a missing or foreign file stops it.
+    let dims = {
+        let path = config.geoip.clone();
+        tokio::task::spawn_blocking(move || collect::dims::Dimensions::new(path.as_deref()))
+            .await??
+    };
+    let dims = Arc::new(dims);
+    let geo_refresh = tokio::spawn(geo_loop(Arc::clone(&dims), stop_tx.subscribe()));
     let collect = Arc::new(Collector::new(
         CollectParts {
             sites: Arc::new(SiteRegistry::new(
@@ -167,6 +175,7 @@ pub async fn run(
             live,
             limits: Arc::clone(&limits),
             repeats,
+            dims,
         },
         config.collect_options(),
     ));
@@ -210,6 +219,7 @@ pub async fn run(
     let _ = pruner.await;
     let _ = flusher.await;
     let _ = sessions.await;
+    let _ = geo_refresh.await;
     if let Some(reports) = reports {
         let _ = reports.await;
     }
@@ -243,6 +253,40 @@ async fn learn_logouts(
 ) -> Result<(), store::StoreError> {
     auth.learn_logout(store.sessions_not_before().await?);
     Ok(())
+}
+
+/// How often the location database's file is checked for a replacement.
+const GEO_REFRESH: Duration = Duration::from_secs(30);
+
+/// Pick up a replaced location database (`--geoip`) without a restart.
+async fn geo_loop(
+    dims: Arc<collect::dims::Dimensions>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    if dims.geo().is_none() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(GEO_REFRESH) => {}
+        }
+        let dims = Arc::clone(&dims);
+        let refreshed = tokio::task::spawn_blocking(move || {
+            dims.geo()
+                .map(|g| (g.refresh_if_changed(), g.database_description()))
+        })
+        .await;
+        match refreshed {
+            Ok(Some((Ok(true), what))) => {
+                tracing::info!(database = %what, "location database reloaded")
+            }
+            Ok(Some((Err(e), _))) => {
+                tracing::warn!(error = %e, "the replaced location database is unusable; the loaded one stays")
+            }
+            _ => {}
+        }
+    }
 }
 
 /// How often finished days are sealed.

@@ -497,12 +497,26 @@ fn v2_queries(site: &str, range: &str, now: Timestamp) -> Vec<(&'static str, ser
         (
             "v2 totals",
             q(
-                json!(["visitors", "visits", "pageviews", "views_per_visit", "bounce_rate", "visit_duration"]),
+                json!([
+                    "visitors",
+                    "visits",
+                    "pageviews",
+                    "views_per_visit",
+                    "bounce_rate",
+                    "visit_duration"
+                ]),
                 json!([]),
                 json!([]),
             ),
         ),
-        ("v2 sources", q(json!(["visitors", "visits"]), json!(["visit:source"]), json!([]))),
+        (
+            "v2 sources",
+            q(
+                json!(["visitors", "visits"]),
+                json!(["visit:source"]),
+                json!([]),
+            ),
+        ),
         (
             "v2 pages",
             q(
@@ -511,13 +525,23 @@ fn v2_queries(site: &str, range: &str, now: Timestamp) -> Vec<(&'static str, ser
                 json!([]),
             ),
         ),
-        ("v2 by day", q(json!(["visitors", "pageviews"]), json!(["time:day"]), json!([]))),
+        (
+            "v2 by day",
+            q(
+                json!(["visitors", "pageviews"]),
+                json!(["time:day"]),
+                json!([]),
+            ),
+        ),
         (
             "v2 filtered",
             q(
                 json!(["visitors", "visits", "bounce_rate"]),
                 json!(["visit:source"]),
-                json!([["is", "visit:country", ["DE"]], ["is", "visit:browser", ["Firefox"]]]),
+                json!([
+                    ["is", "visit:country", ["DE"]],
+                    ["is", "visit:browser", ["Firefox"]]
+                ]),
             ),
         ),
         (

@@ -27,6 +27,7 @@
 
 pub mod agents;
 pub mod bots;
+pub mod dims;
 pub mod geo;
 pub mod ingest;
 pub mod not_counted;
@@ -208,6 +209,8 @@ pub struct Collector {
     pub repeats: Arc<dyn RepeatGate>,
     /// Views not counted, by site, day and reason.
     pub not_counted: Arc<NotCounted>,
+    /// Where visits come from and what they are made with (`dims`).
+    pub dims: Arc<dims::Dimensions>,
     options: CollectOptions,
 }
 
@@ -221,6 +224,7 @@ pub struct CollectParts {
     pub hasher: SourceHasher,
     pub limits: Arc<dyn RateLimiter>,
     pub repeats: Arc<dyn RepeatGate>,
+    pub dims: Arc<dims::Dimensions>,
 }
 
 impl Collector {
@@ -234,6 +238,7 @@ impl Collector {
             hasher,
             limits,
             repeats,
+            dims,
         } = parts;
         Self {
             not_counted: Arc::new(NotCounted::new(Arc::clone(&metrics), Arc::clone(&clock))),
@@ -246,6 +251,7 @@ impl Collector {
             hasher,
             limits,
             repeats,
+            dims,
             options,
         }
     }
@@ -253,7 +259,7 @@ impl Collector {
     /// Whether the location database in use asks for an attribution where its results are
     /// shown (DB-IP's lite files).
     pub fn geo_credit(&self) -> bool {
-        false
+        self.dims.geo_credit()
     }
 
     /// Stage 1, before a body is read: refuse at once a sender with no allowance left
@@ -428,10 +434,13 @@ impl Collector {
             }
             return Ok(results);
         }
-        // 7. Commit.
+        // 7. Commit, each record with its dimensions.
         let (slots, records): (Vec<usize>, Vec<Record>) = going
             .into_iter()
-            .filter_map(|(slot, view, _, _, visitor)| Some((slot, view.into_record(visitor?, Default::default()))))
+            .filter_map(|(slot, view, _, _, visitor)| {
+                let dims = self.dims.of(&view, &sender.user_agent, sender.ip);
+                Some((slot, view.into_record(visitor?, dims)))
+            })
             .unzip();
         if records.is_empty() {
             return Ok(results);

@@ -22,11 +22,11 @@ use jiff::Timestamp;
 use jiff::civil::Date;
 
 use super::day::SiteZone;
+use super::dims::Campaign;
 use super::filtered::Reason;
 use super::hit::{HitKind, ValidHit};
 use super::ids::{DedupeKey, EventId, PagePath, SiteId, VisitorKey};
 use super::net::ClientNet;
-use super::dims::Campaign;
 use super::record::{Dims, Record, Source};
 
 /// Which allowance (and which repeat gate) a request is charged to.
@@ -334,7 +334,8 @@ mod tests {
 
     #[test]
     fn only_recent_records_are_live_and_events_only_for_the_site() {
-        let record = view(HitKind::Pageview, false).into_record(VisitorKey([3; 16]), Dims::default());
+        let record =
+            view(HitKind::Pageview, false).into_record(VisitorKey([3; 16]), Dims::default());
         let now = record.at_ms;
         let entry = live_entry(&record, now + 59_999, 60).expect("live");
         assert_eq!(entry.page, Some(record.page.clone()));

@@ -589,8 +589,6 @@ struct RangeLink {
     selected: bool,
 }
 
-
-
 #[derive(Template)]
 #[template(path = "dashboard.html")]
 struct DashboardPage {
@@ -703,7 +701,16 @@ async fn page(
         true => View::Admin(super::share_access::admin_shares(&state, &site, &headers).await?),
         false => View::Reader,
     };
-    render(&state, &site, &q, raw_query.as_deref(), peer, &headers, view).await
+    render(
+        &state,
+        &site,
+        &q,
+        raw_query.as_deref(),
+        peer,
+        &headers,
+        view,
+    )
+    .await
 }
 
 /// Who looks at a dashboard.

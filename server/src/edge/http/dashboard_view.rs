@@ -38,7 +38,9 @@ pub(super) fn parse_filters(raw_query: Option<&str>) -> Result<Vec<Filter>, ApiE
         };
         let op = Op::parse(op)
             .filter(|o| matches!(o, Op::Is | Op::IsNot | Op::Contains))
-            .ok_or_else(|| ApiError::bad("invalid_filter", "operator must be is, is_not or contains"))?;
+            .ok_or_else(|| {
+                ApiError::bad("invalid_filter", "operator must be is, is_not or contains")
+            })?;
         let dimension = Dimension::parse(dim)
             .filter(|d| !matches!(d, Dimension::Time(_)))
             .ok_or_else(|| ApiError::bad("invalid_filter", format!("no dimension {dim:?}")))?;
@@ -64,7 +66,10 @@ fn address(range: &[(&'static str, String)], filters: &[Filter]) -> String {
     }
     for f in filters {
         let value = f.values.first().map(String::as_str).unwrap_or("");
-        s.append_pair("f", &format!("{},{},{value}", f.op.name(), f.dimension.name()));
+        s.append_pair(
+            "f",
+            &format!("{},{},{value}", f.op.name(), f.dimension.name()),
+        );
     }
     format!("?{}", s.finish())
 }
@@ -164,10 +169,38 @@ const VISITORS: &[Metric] = &[Metric::Visitors];
 const VISITORS_HEAD: &[&str] = &["Visitors"];
 
 const SOURCES: [PanelSpec; 4] = [
-    spec("channels", "Channels", "Channel", V(VisitDim::Channel), VISITORS, VISITORS_HEAD),
-    spec("sources", "Sources", "Source", V(VisitDim::Source), VISITORS, VISITORS_HEAD),
-    spec("referrers", "Referrers", "Referrer", V(VisitDim::Referrer), VISITORS, VISITORS_HEAD),
-    spec("campaigns", "Campaigns", "Campaign", V(VisitDim::UtmCampaign), VISITORS, VISITORS_HEAD),
+    spec(
+        "channels",
+        "Channels",
+        "Channel",
+        V(VisitDim::Channel),
+        VISITORS,
+        VISITORS_HEAD,
+    ),
+    spec(
+        "sources",
+        "Sources",
+        "Source",
+        V(VisitDim::Source),
+        VISITORS,
+        VISITORS_HEAD,
+    ),
+    spec(
+        "referrers",
+        "Referrers",
+        "Referrer",
+        V(VisitDim::Referrer),
+        VISITORS,
+        VISITORS_HEAD,
+    ),
+    spec(
+        "campaigns",
+        "Campaigns",
+        "Campaign",
+        V(VisitDim::UtmCampaign),
+        VISITORS,
+        VISITORS_HEAD,
+    ),
 ];
 
 const PAGES: [PanelSpec; 3] = [
@@ -198,14 +231,49 @@ const PAGES: [PanelSpec; 3] = [
 ];
 
 const PLACES: [PanelSpec; 2] = [
-    spec("countries", "Countries", "Country", V(VisitDim::Country), VISITORS, VISITORS_HEAD),
-    spec("regions", "Regions", "Region", V(VisitDim::Region), VISITORS, VISITORS_HEAD),
+    spec(
+        "countries",
+        "Countries",
+        "Country",
+        V(VisitDim::Country),
+        VISITORS,
+        VISITORS_HEAD,
+    ),
+    spec(
+        "regions",
+        "Regions",
+        "Region",
+        V(VisitDim::Region),
+        VISITORS,
+        VISITORS_HEAD,
+    ),
 ];
 
 const DEVICES: [PanelSpec; 3] = [
-    spec("browsers", "Browsers", "Browser", V(VisitDim::Browser), VISITORS, VISITORS_HEAD),
-    spec("systems", "Operating systems", "System", V(VisitDim::Os), VISITORS, VISITORS_HEAD),
-    spec("devices", "Devices", "Device", V(VisitDim::Device), VISITORS, VISITORS_HEAD),
+    spec(
+        "browsers",
+        "Browsers",
+        "Browser",
+        V(VisitDim::Browser),
+        VISITORS,
+        VISITORS_HEAD,
+    ),
+    spec(
+        "systems",
+        "Operating systems",
+        "System",
+        V(VisitDim::Os),
+        VISITORS,
+        VISITORS_HEAD,
+    ),
+    spec(
+        "devices",
+        "Devices",
+        "Device",
+        V(VisitDim::Device),
+        VISITORS,
+        VISITORS_HEAD,
+    ),
 ];
 
 const EVENTS: [PanelSpec; 1] = [PanelSpec {
@@ -230,7 +298,12 @@ const CARDS: [(&str, &str, Metric); 6] = [
     ("visit-duration", "Visit duration", Metric::VisitDuration),
 ];
 
-fn query(metrics: &[Metric], dimensions: Vec<Dimension>, filters: Vec<Filter>, limit: usize) -> Query {
+fn query(
+    metrics: &[Metric],
+    dimensions: Vec<Dimension>,
+    filters: Vec<Filter>,
+    limit: usize,
+) -> Query {
     Query {
         metrics: metrics.to_vec(),
         dimensions,
@@ -274,14 +347,24 @@ fn number(v: Value) -> Option<f64> {
     }
 }
 
-fn card(id: &'static str, label: &'static str, metric: Metric, now: Value, before: Value) -> MetricCard {
+fn card(
+    id: &'static str,
+    label: &'static str,
+    metric: Metric,
+    now: Value,
+    before: Value,
+) -> MetricCard {
     let value = show(metric, now);
     let (change, good, change_text) = match (number(now), number(before)) {
         (Some(a), Some(b)) if b > 0.0 => {
             let pct = ((a - b) / b * 100.0).round();
             let up = pct >= 0.0;
             // A bounce rate is better when it falls.
-            let good = if metric == Metric::BounceRate { !up } else { up };
+            let good = if metric == Metric::BounceRate {
+                !up
+            } else {
+                up
+            };
             let sign = if up { "+" } else { "−" };
             (
                 format!("{sign}{}%", pct.abs()),
@@ -294,7 +377,11 @@ fn card(id: &'static str, label: &'static str, metric: Metric, now: Value, befor
                 ),
             )
         }
-        _ => (String::new(), true, "nothing to compare with in the period before".to_owned()),
+        _ => (
+            String::new(),
+            true,
+            "nothing to compare with in the period before".to_owned(),
+        ),
     };
     MetricCard {
         id,
@@ -308,7 +395,12 @@ fn card(id: &'static str, label: &'static str, metric: Metric, now: Value, befor
 
 /// The period of the same length just before `range`.
 pub(super) fn before(range: DayRange) -> DayRange {
-    let days = range.from.until(range.to).map(|s| s.get_days()).unwrap_or(0) + 1;
+    let days = range
+        .from
+        .until(range.to)
+        .map(|s| s.get_days())
+        .unwrap_or(0)
+        + 1;
     let to = range.from.yesterday().unwrap_or(range.from);
     let from = to
         .checked_sub(jiff::Span::new().days(i64::from(days) - 1))
@@ -362,8 +454,16 @@ pub(super) async fn visits(
         .analytics
         .answer(&site.id, &site.zone, prior.from, prior.to, &questions[..1])
         .await?;
-    let totals = answers[0].rows.first().map(|r| r.metrics.clone()).unwrap_or_default();
-    let old = earlier[0].rows.first().map(|r| r.metrics.clone()).unwrap_or_default();
+    let totals = answers[0]
+        .rows
+        .first()
+        .map(|r| r.metrics.clone())
+        .unwrap_or_default();
+    let old = earlier[0]
+        .rows
+        .first()
+        .map(|r| r.metrics.clone())
+        .unwrap_or_default();
     let cards = CARDS
         .iter()
         .enumerate()
@@ -507,7 +607,11 @@ fn panel(
                     value
                 },
                 address(range_pairs, &with),
-                if top > 0.0 { (first * 100.0 / top).ceil() as u64 } else { 0 },
+                if top > 0.0 {
+                    (first * 100.0 / top).ceil() as u64
+                } else {
+                    0
+                },
                 spec.metrics
                     .iter()
                     .zip(&r.metrics)
@@ -555,7 +659,12 @@ pub(super) fn csv(site: &Site, range: DayRange, v: &Visits) -> String {
         range.to
     ));
     for c in &v.cards {
-        out.push_str(&format!("card,{},{},,{}\n", c.id, field(&c.value), field(&c.change)));
+        out.push_str(&format!(
+            "card,{},{},,{}\n",
+            c.id,
+            field(&c.value),
+            field(&c.change)
+        ));
     }
     for p in v.sections.iter().flat_map(|s| &s.panels) {
         for r in &p.rows {
@@ -578,8 +687,10 @@ mod tests {
 
     #[test]
     fn filters_round_trip_through_the_address() {
-        let fs = parse_filters(Some("range=7d&f=is,visit:country,DE&f=contains,event:page,%2Fblog%2Ca"))
-            .expect("filters");
+        let fs = parse_filters(Some(
+            "range=7d&f=is,visit:country,DE&f=contains,event:page,%2Fblog%2Ca",
+        ))
+        .expect("filters");
         assert_eq!(fs.len(), 2);
         assert_eq!(fs[1].values, vec!["/blog,a".to_owned()]);
         let back = address(&[("range", "7d".into())], &fs);
@@ -593,11 +704,29 @@ mod tests {
 
     #[test]
     fn changes_say_which_way_is_good() {
-        let c = card("b", "Bounce rate", Metric::BounceRate, Value::Float(60.0), Value::Float(50.0));
+        let c = card(
+            "b",
+            "Bounce rate",
+            Metric::BounceRate,
+            Value::Float(60.0),
+            Value::Float(50.0),
+        );
         assert_eq!((c.change.as_str(), c.good), ("+20%", false));
-        let v = card("v", "Visitors", Metric::Visitors, Value::Int(5), Value::Int(10));
+        let v = card(
+            "v",
+            "Visitors",
+            Metric::Visitors,
+            Value::Int(5),
+            Value::Int(10),
+        );
         assert_eq!((v.change.as_str(), v.good), ("−50%", false));
-        let none = card("v", "Visitors", Metric::Visitors, Value::Int(5), Value::Int(0));
+        let none = card(
+            "v",
+            "Visitors",
+            Metric::Visitors,
+            Value::Int(5),
+            Value::Int(0),
+        );
         assert_eq!(none.change, "");
         assert_eq!(duration(65), "1m 05s");
     }
@@ -609,6 +738,9 @@ mod tests {
             to: jiff::civil::date(2026, 3, 7),
         };
         let b = before(r);
-        assert_eq!((b.from.to_string(), b.to.to_string()), ("2026-02-22".into(), "2026-02-28".into()));
+        assert_eq!(
+            (b.from.to_string(), b.to.to_string()),
+            ("2026-02-22".into(), "2026-02-28".into())
+        );
     }
 }

@@ -28,9 +28,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use serde::Deserialize;
 
-use super::dashboard::{
-    RangeQuery, View, render, see_other, site_of, with_retry_after,
-};
+use super::dashboard::{RangeQuery, View, render, see_other, site_of, with_retry_after};
 use super::share_access::{Closed, find};
 use super::ui::html;
 use super::{ApiError, AppState, SiteSegment};
@@ -124,7 +122,16 @@ async fn page(
     }
     let q = super::query(query)?;
     let site = site_of(&state, &share.site).await?;
-    render(&state, &site, &q, raw_query.as_deref(), peer, &headers, View::Shared).await
+    render(
+        &state,
+        &site,
+        &q,
+        raw_query.as_deref(),
+        peer,
+        &headers,
+        View::Shared,
+    )
+    .await
 }
 
 #[derive(Deserialize)]
