@@ -445,7 +445,7 @@ async fn engage(
     let mut current: HashMap<(i64, Uuid), (i64, i16, bool)> = HashMap::new();
     for row in tx
         .query(
-            "SELECT e.site, e.event_id, COALESCE(e.engaged_ms, 0), COALESCE(e.scroll, -1) \
+            "SELECT e.site, e.event_id, COALESCE(e.engaged_ms, 0), COALESCE(e.scroll, -1)::int2 \
              FROM events e JOIN unnest($1::int8[], $2::uuid[]) AS u(site, id) \
              ON e.site = u.site AND e.event_id = u.id WHERE e.kind = 0 \
              ORDER BY e.site, e.event_id FOR UPDATE OF e",
