@@ -360,3 +360,79 @@ async fn the_dashboard_filters_by_a_clicked_row_and_exports_csv() {
     );
     app.stop().await;
 }
+
+/// The small location database of [`countries_come_from_the_location_database`].
+static GEO: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+#[tokio::test]
+async fn countries_come_from_the_location_database_and_are_credited() {
+    use mmdb_writer::{IpVersion, Ipv4Aliasing, Value as Mmdb, Writer};
+    let dir = tempfile::tempdir().expect("dir");
+    let mut w = Writer::builder("country ipvAll")
+        .ip_version(IpVersion::V6)
+        .ipv4_aliasing(Ipv4Aliasing::Disabled)
+        .build();
+    for (net, cc) in [("198.51.100.0/24", "FR"), ("203.0.113.0/24", "JP")] {
+        let net: ipnet::IpNet = net.parse().expect("net");
+        w.insert_value(net, Mmdb::map([("country_code", Mmdb::from(cc))]))
+            .expect("insert");
+    }
+    // Named as DB-IP's file is: the dashboard then credits it.
+    let path = dir.path().join("dbip-country.mmdb");
+    std::fs::write(&path, w.to_bytes().expect("db")).expect("write");
+    GEO.set(path).expect("once");
+    let mut app = spawn_app_with(Options {
+        configure: |c| {
+            c.geoip = GEO.get().cloned();
+            c.trusted_proxies =
+                tally::core::forwarded::TrustedProxies::parse(["loopback"]).expect("preset");
+        },
+        ..options()
+    })
+    .await;
+    for (n, from) in [
+        (1, "198.51.100.7"),
+        (2, "198.51.100.8"),
+        (3, "203.0.113.5"),
+        (4, "10.1.2.3"),
+    ] {
+        let body = json!({"site": "blog", "type": "pageview",
+            "event_id": event_id_at("2026-05-10T10:00:00Z".parse().expect("ts")),
+            "visitor_id": v(n), "url": "https://blog.example/"});
+        let r = app
+            .client
+            .post(app.url("/api/v1/hit"))
+            .header("x-forwarded-for", from)
+            .header("content-type", "text/plain")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("hit");
+        assert_eq!(r.json::<Value>().await.expect("json")["status"], "accepted");
+    }
+    let (_, a) = ask(
+        &app,
+        json!({"site_id": "blog", "date_range": "day", "metrics": ["visitors"],
+            "dimensions": ["visit:country"]}),
+    )
+    .await;
+    assert_eq!(
+        rows(&a),
+        vec![
+            (vec!["FR".into()], vec![json!(2)]),
+            (vec!["(not set)".into()], vec![json!(1)]),
+            (vec!["JP".into()], vec![json!(1)]),
+        ]
+    );
+    let html = app
+        .get("/dashboard/blog?range=today")
+        .await
+        .text()
+        .await
+        .expect("html");
+    assert!(html.contains("IP Geolocation by DB-IP"));
+    // The addresses themselves are nowhere in the database.
+    let bytes = std::fs::read(&app.db).expect("db");
+    assert!(!bytes.windows(12).any(|w| w == b"198.51.100.7"));
+    app.stop().await;
+}
