@@ -17,10 +17,10 @@ pub const GLUE_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/
 /// The glue (an ES module with the host functions inlined), brotli-compressed.
 pub const GLUE_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-9b640e4e2b51.js.br"));
 /// File name of the WebAssembly module (content-hashed: immutable).
-pub const WASM_NAME: &str = "tally-4fb89b5ebc3c.wasm";
+pub const WASM_NAME: &str = "tally-ba5d8c3bb26d.wasm";
 /// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-4fb89b5ebc3c.wasm"));
+pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-ba5d8c3bb26d.wasm"));
 /// The WebAssembly module, gzip-compressed.
-pub const WASM_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-4fb89b5ebc3c.wasm.gz"));
+pub const WASM_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-ba5d8c3bb26d.wasm.gz"));
 /// The WebAssembly module, brotli-compressed.
-pub const WASM_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-4fb89b5ebc3c.wasm.br"));
+pub const WASM_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-ba5d8c3bb26d.wasm.br"));
