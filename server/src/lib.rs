@@ -90,8 +90,13 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let (ingest, writer) = Ingest::start(store.clone(), config.ingest, Arc::clone(&metrics));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let pruner = tokio::spawn(prune_loop(
+    let pruner = tokio::spawn(upkeep_loop(
         store.clone(),
+        collect::seal::Sealer {
+            sites: store.clone(),
+            segments: store.clone(),
+            window: config.window,
+        },
         Arc::clone(&clock),
         Retention {
             raw_days: config.retention_days,
@@ -146,6 +151,14 @@ pub async fn run(
         }
         None => None,
     };
+    // The location database is read whole at the start: a missing or foreign file stops it.
+    let dims = {
+        let path = config.geoip.clone();
+        tokio::task::spawn_blocking(move || collect::dims::Dimensions::new(path.as_deref()))
+            .await??
+    };
+    let dims = Arc::new(dims);
+    let geo_refresh = tokio::spawn(geo_loop(Arc::clone(&dims), stop_tx.subscribe()));
     let collect = Arc::new(Collector::new(
         CollectParts {
             sites: Arc::new(SiteRegistry::new(
@@ -162,6 +175,7 @@ pub async fn run(
             live,
             limits: Arc::clone(&limits),
             repeats,
+            dims,
         },
         config.collect_options(),
     ));
@@ -205,6 +219,7 @@ pub async fn run(
     let _ = pruner.await;
     let _ = flusher.await;
     let _ = sessions.await;
+    let _ = geo_refresh.await;
     if let Some(reports) = reports {
         let _ = reports.await;
     }
@@ -240,29 +255,95 @@ async fn learn_logouts(
     Ok(())
 }
 
-/// Apply the retention policy now and every hour (salts older than two days go too, so the
-/// loop always runs).
-async fn prune_loop(
+/// How often the location database's file is checked for a replacement.
+const GEO_REFRESH: Duration = Duration::from_secs(30);
+
+/// Pick up a replaced location database (`--geoip`) without a restart.
+async fn geo_loop(
+    dims: Arc<collect::dims::Dimensions>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    if dims.geo().is_none() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(GEO_REFRESH) => {}
+        }
+        let dims = Arc::clone(&dims);
+        let refreshed = tokio::task::spawn_blocking(move || {
+            dims.geo()
+                .map(|g| (g.refresh_if_changed(), g.database_description()))
+        })
+        .await;
+        match refreshed {
+            Ok(Some((Ok(true), what))) => {
+                tracing::info!(database = %what, "location database reloaded")
+            }
+            Ok(Some((Err(e), _))) => {
+                tracing::warn!(error = %e, "the replaced location database is unusable; the loaded one stays")
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How often finished days are sealed.
+const SEAL_EVERY: Duration = Duration::from_secs(600);
+/// How often the retention policy is applied.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Seal finished days now and every [`SEAL_EVERY`]; apply the retention policy now and every
+/// [`PRUNE_EVERY`] (salts older than two days go too, so it always runs), raw events only
+/// after a complete seal pass: a day's segment exists before its raw events go.
+async fn upkeep_loop(
     store: Arc<dyn Maintenance>,
+    sealer: collect::seal::Sealer,
     clock: Arc<dyn Clock>,
     policy: Retention,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut pruned_at: Option<tokio::time::Instant> = None;
     loop {
-        match store.prune(policy, clock.now()).await {
-            Ok(r) if r == Default::default() => {}
-            Ok(r) => tracing::info!(
-                events = r.events,
-                visitor_rows = r.visitor_rows,
-                counter_rows = r.counter_rows,
-                salts = r.salts,
-                "pruned past retention"
-            ),
-            Err(e) => tracing::warn!(error = %e, "pruning failed; will retry"),
+        let complete = match sealer.pass(clock.now(), u64::MAX).await {
+            Ok(r) => {
+                if r.sealed > 0 {
+                    tracing::info!(days = r.sealed, "sealed finished days");
+                }
+                r.complete
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "sealing finished days failed; will retry");
+                false
+            }
+        };
+        if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+            let policy = if complete {
+                policy
+            } else {
+                // Raw events of unsealed days stay until a pass seals them.
+                Retention {
+                    raw_days: 0,
+                    ..policy
+                }
+            };
+            match store.prune(policy, clock.now()).await {
+                Ok(r) if r == Default::default() => {}
+                Ok(r) => tracing::info!(
+                    events = r.events,
+                    visitor_rows = r.visitor_rows,
+                    counter_rows = r.counter_rows,
+                    salts = r.salts,
+                    "pruned past retention"
+                ),
+                Err(e) => tracing::warn!(error = %e, "pruning failed; will retry"),
+            }
+            pruned_at = Some(tokio::time::Instant::now());
         }
         tokio::select! {
             _ = stop.changed() => return,
-            _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+            _ = tokio::time::sleep(SEAL_EVERY) => {}
         }
     }
 }

@@ -266,6 +266,7 @@ impl History {
                     at_ms,
                     day,
                     referrer: referrer.take(),
+                    dims: Default::default(),
                 });
                 if self.rng.chance(0.06) {
                     let i = weighted(&mut self.rng, EVENTS.iter().map(|e| e.1));
@@ -283,6 +284,7 @@ impl History {
                         at_ms: at.as_millisecond(),
                         day,
                         referrer: None,
+                        dims: Default::default(),
                     });
                 }
                 at_ms += 20_000 + self.rng.below(280_000) as i64;
@@ -401,6 +403,19 @@ pub async fn seed(args: SeedArgs) -> anyhow::Result<()> {
         args.target.site,
         written as f64 / secs
     );
+    // Seal the finished days as `tally serve` would (every day older than the event window).
+    let sealing = Instant::now();
+    let sealer = tally::collect::seal::Sealer {
+        sites: store.clone(),
+        segments: store.clone(),
+        window: tally::core::hit::TimeWindow::default(),
+    };
+    let report = sealer.pass(now, u64::MAX).await?;
+    println!(
+        "sealed {} days in {:.1} s",
+        report.sealed,
+        sealing.elapsed().as_secs_f64()
+    );
     println!(
         "read it: tally-loadgen read --db {}{}",
         args.target.db,
@@ -446,20 +461,109 @@ pub struct ReadArgs {
     pub mix: MixArgs,
 }
 
-/// One timed read.
+/// One timed read: a GET of `path`, or a POST of `body` (the analytics API).
 #[derive(Debug, Clone)]
 pub struct Query {
     pub name: &'static str,
     pub range: String,
     pub path: String,
+    pub body: Option<String>,
 }
 
-/// Every read of the dashboard and the v1 API, per range (the all-time counters once).
+/// The local days (UTC) of a dashboard range ending today, as `[from, to]`.
+fn range_days(range: &str, now: Timestamp) -> [String; 2] {
+    let days: i64 = match range {
+        "today" => 1,
+        "7d" => 7,
+        "30d" => 30,
+        "90d" => 90,
+        _ => 365,
+    };
+    let to = now.to_zoned(jiff::tz::TimeZone::UTC).date();
+    let from = to.checked_sub((days - 1).days()).unwrap_or(to);
+    [from.to_string(), to.to_string()]
+}
+
+/// The analytics questions timed per range: totals, breakdowns, filters on visit and event
+/// dimensions, a page breakdown with engagement.
+fn v2_queries(site: &str, range: &str, now: Timestamp) -> Vec<(&'static str, serde_json::Value)> {
+    let dates = range_days(range, now);
+    let q = |metrics: serde_json::Value, dims: serde_json::Value, filters: serde_json::Value| {
+        serde_json::json!({"site_id": site, "date_range": dates, "metrics": metrics,
+            "dimensions": dims, "filters": filters, "pagination": {"limit": 10}})
+    };
+    use serde_json::json;
+    vec![
+        (
+            "v2 totals",
+            q(
+                json!([
+                    "visitors",
+                    "visits",
+                    "pageviews",
+                    "views_per_visit",
+                    "bounce_rate",
+                    "visit_duration"
+                ]),
+                json!([]),
+                json!([]),
+            ),
+        ),
+        (
+            "v2 sources",
+            q(
+                json!(["visitors", "visits"]),
+                json!(["visit:source"]),
+                json!([]),
+            ),
+        ),
+        (
+            "v2 pages",
+            q(
+                json!(["visitors", "pageviews", "time_on_page", "scroll_depth"]),
+                json!(["event:page"]),
+                json!([]),
+            ),
+        ),
+        (
+            "v2 by day",
+            q(
+                json!(["visitors", "pageviews"]),
+                json!(["time:day"]),
+                json!([]),
+            ),
+        ),
+        (
+            "v2 filtered",
+            q(
+                json!(["visitors", "visits", "bounce_rate"]),
+                json!(["visit:source"]),
+                json!([
+                    ["is", "visit:country", ["DE"]],
+                    ["is", "visit:browser", ["Firefox"]]
+                ]),
+            ),
+        ),
+        (
+            "v2 page filter",
+            q(
+                json!(["visitors", "time_on_page"]),
+                json!(["visit:channel"]),
+                json!([["contains", "event:page", ["/docs"]]]),
+            ),
+        ),
+    ]
+}
+
+/// Every read of the dashboard, the v1 API and the analytics API, per range (the all-time
+/// counters once).
 pub fn queries(site: &str, ranges: &[&str]) -> Vec<Query> {
+    let now = Timestamp::now();
     let mut out = vec![Query {
         name: "counts",
         range: "all".to_owned(),
         path: format!("/api/v1/counts?site={site}"),
+        body: None,
     }];
     for r in ranges {
         for (name, path) in [
@@ -476,6 +580,15 @@ pub fn queries(site: &str, ranges: &[&str]) -> Vec<Query> {
                 name,
                 range: (*r).to_owned(),
                 path,
+                body: None,
+            });
+        }
+        for (name, body) in v2_queries(site, r, now) {
+            out.push(Query {
+                name,
+                range: (*r).to_owned(),
+                path: "/api/v2/query".to_owned(),
+                body: Some(body.to_string()),
             });
         }
     }
@@ -501,7 +614,18 @@ async fn timed(
     timeout: Duration,
 ) -> anyhow::Result<Duration> {
     let auth = format!("Bearer {TOKEN}");
-    let req = client::get(&q.path, &[("host", host), ("authorization", &auth)]);
+    let req = match &q.body {
+        None => client::get(&q.path, &[("host", host), ("authorization", &auth)]),
+        Some(body) => client::post(
+            &q.path,
+            &[
+                ("host", host),
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
+            bytes::Bytes::from(body.clone()),
+        ),
+    };
     let started = Instant::now();
     let answer = conn
         .send(req, timeout)
@@ -664,7 +788,7 @@ pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
     let bytes = database_bytes(&args).await?;
 
     println!(
-        "{:<10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11}",
+        "{:<15} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11}",
         "query",
         "range",
         "cold p50",
@@ -677,7 +801,7 @@ pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
     for (i, q) in queries.iter().enumerate() {
         let s = samples.entry(i).or_default();
         println!(
-            "{:<10} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>9.1}ms {:>9.1}ms",
+            "{:<15} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>9.1}ms {:>9.1}ms",
             q.name,
             q.range,
             percentile(&mut s.cold, 50.0),
@@ -752,6 +876,7 @@ mod tests {
                         keys.insert(r.visitor.0);
                     }
                     HitKind::Event { .. } => events += 1,
+                    HitKind::Engagement { .. } => {}
                 }
             }
             if day.iter().any(|r| matches!(r.kind, HitKind::Pageview)) {

@@ -25,13 +25,18 @@
 //!
 //! Every view that stops at stages 2–6 is tallied by reason ([`not_counted`]).
 
+pub mod agents;
 pub mod bots;
+pub mod dims;
+pub mod geo;
 pub mod ingest;
 pub mod not_counted;
 pub mod privacy;
+pub mod seal;
 pub mod secrets;
 pub mod shares;
 pub mod sites;
+pub mod sources;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -204,6 +209,8 @@ pub struct Collector {
     pub repeats: Arc<dyn RepeatGate>,
     /// Views not counted, by site, day and reason.
     pub not_counted: Arc<NotCounted>,
+    /// Where visits come from and what they are made with (`dims`).
+    pub dims: Arc<dims::Dimensions>,
     options: CollectOptions,
 }
 
@@ -217,6 +224,7 @@ pub struct CollectParts {
     pub hasher: SourceHasher,
     pub limits: Arc<dyn RateLimiter>,
     pub repeats: Arc<dyn RepeatGate>,
+    pub dims: Arc<dims::Dimensions>,
 }
 
 impl Collector {
@@ -230,6 +238,7 @@ impl Collector {
             hasher,
             limits,
             repeats,
+            dims,
         } = parts;
         Self {
             not_counted: Arc::new(NotCounted::new(Arc::clone(&metrics), Arc::clone(&clock))),
@@ -242,8 +251,15 @@ impl Collector {
             hasher,
             limits,
             repeats,
+            dims,
             options,
         }
+    }
+
+    /// Whether the location database in use asks for an attribution where its results are
+    /// shown (DB-IP's lite files).
+    pub fn geo_credit(&self) -> bool {
+        self.dims.geo_credit()
     }
 
     /// Stage 1, before a body is read: refuse at once a sender with no allowance left
@@ -418,10 +434,13 @@ impl Collector {
             }
             return Ok(results);
         }
-        // 7. Commit.
+        // 7. Commit, each record with its dimensions.
         let (slots, records): (Vec<usize>, Vec<Record>) = going
             .into_iter()
-            .filter_map(|(slot, view, _, _, visitor)| Some((slot, view.into_record(visitor?))))
+            .filter_map(|(slot, view, _, _, visitor)| {
+                let dims = self.dims.of(&view, &sender.user_agent, sender.ip);
+                Some((slot, view.into_record(visitor?, dims)))
+            })
             .unzip();
         if records.is_empty() {
             return Ok(results);

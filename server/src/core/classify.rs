@@ -22,11 +22,12 @@ use jiff::Timestamp;
 use jiff::civil::Date;
 
 use super::day::SiteZone;
+use super::dims::Campaign;
 use super::filtered::Reason;
 use super::hit::{HitKind, ValidHit};
 use super::ids::{DedupeKey, EventId, PagePath, SiteId, VisitorKey};
 use super::net::ClientNet;
-use super::record::{Record, Source};
+use super::record::{Dims, Record, Source};
 
 /// Which allowance (and which repeat gate) a request is charged to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -85,6 +86,10 @@ pub struct View {
     pub page: PagePath,
     pub event_id: EventId,
     pub referrer: Option<String>,
+    /// The campaign tags of the page's URL.
+    pub campaign: Campaign,
+    /// The screen width the client reported.
+    pub screen_width: Option<u32>,
     /// The event's local day in the site's time zone.
     day: Date,
     /// The client's own visitor id, when it keeps one.
@@ -105,6 +110,8 @@ impl View {
             page: valid.page,
             event_id: valid.event_id,
             referrer: valid.referrer,
+            campaign: valid.campaign,
+            screen_width: valid.screen_width,
             client_visitor: valid.visitor,
             keyed,
         }
@@ -127,6 +134,8 @@ impl View {
             page,
             event_id,
             referrer: None,
+            campaign: Campaign::default(),
+            screen_width: None,
             client_visitor: None,
             keyed: false,
         }
@@ -151,6 +160,8 @@ impl View {
             page,
             event_id,
             referrer,
+            campaign: Campaign::default(),
+            screen_width: None,
             client_visitor: None,
             keyed: true,
         }
@@ -193,8 +204,8 @@ impl View {
         u64::from_le_bytes(first)
     }
 
-    /// The record to store, counted for `visitor`.
-    pub fn into_record(self, visitor: VisitorKey) -> Record {
+    /// The record to store, counted for `visitor`, with its dimensions (`collect::dims`).
+    pub fn into_record(self, visitor: VisitorKey, dims: Dims) -> Record {
         let kind = match self.kind {
             // Only the site's own server sets site-wide keys; anyone else's are their visitor's.
             HitKind::Event {
@@ -217,6 +228,7 @@ impl View {
             at_ms: at.as_millisecond(),
             day: self.day,
             referrer: self.referrer,
+            dims,
         }
     }
 }
@@ -267,6 +279,8 @@ mod tests {
             visitor: None,
             page: PagePath::parse("/a").expect("page"),
             referrer: None,
+            campaign: Default::default(),
+            screen_width: None,
         };
         View::from_hit(valid, &zone, keyed)
     }
@@ -287,10 +301,10 @@ mod tests {
             dedupe: Some(DedupeKey::parse("order_1").expect("key")),
         };
         let (v1, v2) = (VisitorKey([1; 16]), VisitorKey([2; 16]));
-        let a = view(event.clone(), false).into_record(v1);
-        let b = view(event.clone(), false).into_record(v2);
+        let a = view(event.clone(), false).into_record(v1, Dims::default());
+        let b = view(event.clone(), false).into_record(v2, Dims::default());
         assert_ne!(a.kind, b.kind, "two visitors cannot share a key");
-        let keyed = view(event.clone(), true).into_record(v1);
+        let keyed = view(event.clone(), true).into_record(v1, Dims::default());
         assert_eq!(keyed.kind, event, "the site's server sets site-wide keys");
     }
 
@@ -320,7 +334,8 @@ mod tests {
 
     #[test]
     fn only_recent_records_are_live_and_events_only_for_the_site() {
-        let record = view(HitKind::Pageview, false).into_record(VisitorKey([3; 16]));
+        let record =
+            view(HitKind::Pageview, false).into_record(VisitorKey([3; 16]), Dims::default());
         let now = record.at_ms;
         let entry = live_entry(&record, now + 59_999, 60).expect("live");
         assert_eq!(entry.page, Some(record.page.clone()));
@@ -332,7 +347,7 @@ mod tests {
             },
             ..view(HitKind::Pageview, false)
         }
-        .into_record(VisitorKey([3; 16]));
+        .into_record(VisitorKey([3; 16]), Dims::default());
         assert_eq!(live_entry(&event, now, 60).expect("live").page, None);
     }
 

@@ -40,6 +40,11 @@ impl SiteZone {
         &self.name
     }
 
+    /// The zone itself.
+    pub fn time_zone(&self) -> &TimeZone {
+        &self.tz
+    }
+
     /// The local calendar day of `at`.
     pub fn day_of(&self, at: Timestamp) -> Date {
         at.to_zoned(self.tz.clone()).date()

@@ -2,8 +2,9 @@
 //! the event time checked against the accepted window. A hit that fails here stores nothing.
 
 use jiff::{SignedDuration, Timestamp};
-use tally_wire::{Hit, TYPE_EVENT, TYPE_PAGEVIEW};
+use tally_wire::{Hit, MAX_ENGAGED_MS, TYPE_ENGAGEMENT, TYPE_EVENT, TYPE_PAGEVIEW};
 
+use super::dims::Campaign;
 use super::ids::{DedupeKey, EventId, EventName, IdError, PagePath, SiteId, VisitorKey};
 
 /// How far from `now` an event id's time may lie. Event ids older than `back` are refused,
@@ -38,8 +39,12 @@ impl TimeWindow {
 pub enum HitError {
     #[error(transparent)]
     Id(#[from] IdError),
-    #[error("type must be \"pageview\" or \"event\"")]
+    #[error("type must be \"pageview\", \"event\" or \"engagement\"")]
     Type,
+    #[error("an engagement needs engaged_ms (0 to {MAX_ENGAGED_MS}) or scroll (0 to 100), or both")]
+    Engagement,
+    #[error("screen_width must be 0 to {MAX_SCREEN_WIDTH}")]
+    ScreenWidth,
     #[error("an event needs a name")]
     MissingName,
     #[error("event_id time {at} lies outside the accepted window ({back} back, {ahead} ahead)")]
@@ -56,6 +61,8 @@ impl HitError {
         match self {
             HitError::Id(e) => e.code(),
             HitError::Type => "invalid_type",
+            HitError::Engagement => "invalid_engagement",
+            HitError::ScreenWidth => "invalid_screen_width",
             HitError::MissingName => "invalid_name",
             HitError::OutOfWindow { .. } => "event_id_out_of_window",
         }
@@ -72,7 +79,14 @@ pub enum HitKind {
         name: EventName,
         dedupe: Option<DedupeKey>,
     },
+    /// An engagement report on the page view with the same event id: its visible and focused
+    /// time and largest scroll depth so far. Counts nothing itself; the store keeps the
+    /// largest values it was sent for the page view.
+    Engagement { engaged_ms: u32, scroll: Option<u8> },
 }
+
+/// Largest `screen_width` accepted, CSS pixels.
+pub const MAX_SCREEN_WIDTH: u32 = 100_000;
 
 /// A hit whose every field has been parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +100,10 @@ pub struct ValidHit {
     /// The referrer without query and fragment (privacy: no tracking parameters kept); `None`
     /// for navigation inside the site (same host as the page).
     pub referrer: Option<String>,
+    /// The campaign tags of the page's URL (the rest of its query string is dropped).
+    pub campaign: Campaign,
+    /// The screen width the client reported.
+    pub screen_width: Option<u32>,
 }
 
 impl ValidHit {
@@ -101,8 +119,25 @@ impl ValidHit {
                     dedupe: hit.dedupe.as_deref().map(DedupeKey::parse).transpose()?,
                 }
             }
+            TYPE_ENGAGEMENT => {
+                let engaged = hit.engaged_ms.filter(|&ms| ms <= MAX_ENGAGED_MS);
+                let scroll = hit.scroll.filter(|&s| s <= 100);
+                if (hit.engaged_ms.is_some() && engaged.is_none())
+                    || (hit.scroll.is_some() && scroll.is_none())
+                    || (engaged.is_none() && scroll.is_none())
+                {
+                    return Err(HitError::Engagement);
+                }
+                HitKind::Engagement {
+                    engaged_ms: u32::try_from(engaged.unwrap_or(0)).unwrap_or(u32::MAX),
+                    scroll,
+                }
+            }
             _ => return Err(HitError::Type),
         };
+        if hit.screen_width.is_some_and(|w| w > MAX_SCREEN_WIDTH) {
+            return Err(HitError::ScreenWidth);
+        }
         let event_id = EventId::parse(&hit.event_id)?;
         let at = event_id.time();
         if !window.contains(now, at) {
@@ -129,6 +164,8 @@ impl ValidHit {
             visitor,
             page,
             referrer,
+            campaign: Campaign::of(&url),
+            screen_width: hit.screen_width,
         })
     }
 }
@@ -257,5 +294,42 @@ mod tests {
             ValidHit::parse(&h, now, TimeWindow::default()),
             Err(HitError::Type)
         );
+    }
+
+    #[test]
+    fn engagement_reports_need_a_value_in_range() {
+        let now = at("2026-06-01T12:00:00Z");
+        let mut h = hit(&EventId::new_at(now, [1; 10]).uuid().to_string());
+        h.kind = "engagement".into();
+        let parse = |h: &Hit| ValidHit::parse(h, now, TimeWindow::default());
+        assert_eq!(parse(&h), Err(HitError::Engagement), "neither value");
+        h.scroll = Some(101);
+        assert_eq!(parse(&h), Err(HitError::Engagement));
+        h.scroll = Some(60);
+        h.engaged_ms = Some(MAX_ENGAGED_MS + 1);
+        assert_eq!(parse(&h), Err(HitError::Engagement));
+        h.engaged_ms = Some(12_345);
+        assert_eq!(
+            parse(&h).map(|v| v.kind),
+            Ok(HitKind::Engagement {
+                engaged_ms: 12_345,
+                scroll: Some(60)
+            })
+        );
+        h.screen_width = Some(MAX_SCREEN_WIDTH + 1);
+        assert_eq!(parse(&h), Err(HitError::ScreenWidth));
+    }
+
+    #[test]
+    fn campaign_tags_are_read_before_the_query_is_dropped() {
+        let now = at("2026-06-01T12:00:00Z");
+        let mut h = hit(&EventId::new_at(now, [1; 10]).uuid().to_string());
+        h.url = "https://blog.example/a?utm_source=news&utm_campaign=spring%20sale&gclid=x&other=1"
+            .into();
+        let valid = ValidHit::parse(&h, now, TimeWindow::default()).expect("valid");
+        assert_eq!(valid.page.as_str(), "/a");
+        assert_eq!(valid.campaign.utm_source, "news");
+        assert_eq!(valid.campaign.utm_campaign, "spring sale");
+        assert_eq!(valid.campaign.click_id, Some("gclid"));
     }
 }

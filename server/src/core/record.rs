@@ -40,6 +40,18 @@ pub struct Record {
     /// The local day of `at_ms` in the site's time zone.
     pub day: Date,
     pub referrer: Option<String>,
+    /// Where the visit came from and what it was made with (page views and custom events
+    /// of the web source; empty for badges and for engagement reports).
+    pub dims: Dims,
+}
+
+/// The dimensions of an event in their stored form (`core::dims`), decided once at ingest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dims {
+    /// `SourceDims::encode()`; empty: none recorded.
+    pub src: String,
+    /// `AgentDims::encode()`; empty: none recorded.
+    pub agent: std::sync::Arc<str>,
 }
 
 /// What storing a record did.

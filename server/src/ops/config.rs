@@ -131,6 +131,14 @@ pub struct ServeArgs {
     /// Batch requests (`/api/v1/events`) read and parsed at once; more get 503.
     #[arg(long, env = "TALLY_BATCH_CONCURRENCY")]
     pub batch_concurrency: Option<usize>,
+    /// MiB of sealed day segments the analytics keep in memory (default 128).
+    #[arg(long, env = "TALLY_ANALYTICS_CACHE_MB")]
+    pub analytics_cache_mb: Option<usize>,
+    /// A location database in MaxMind's format (GeoIP2/GeoLite2 Country or City, or DB-IP's
+    /// free "IP to Country Lite"): the country of each visit, looked up at ingest, the address
+    /// dropped as ever. A replaced file is picked up without a restart.
+    #[arg(long, env = "TALLY_GEOIP")]
+    pub geoip: Option<PathBuf>,
     /// Seconds a client has to send a request's headers, from their first byte.
     #[arg(long, env = "TALLY_HEADER_TIMEOUT_SECS")]
     pub header_timeout_secs: Option<u64>,
@@ -242,6 +250,10 @@ pub struct ServeConfig {
     pub page_days: u32,
     pub stats_concurrency: usize,
     pub batch_concurrency: usize,
+    /// Bytes of sealed day segments the analytics keep in memory.
+    pub analytics_cache_bytes: usize,
+    /// The location database (`--geoip`), if any.
+    pub geoip: Option<PathBuf>,
     /// Timeouts, connection cap and shutdown grace of the HTTP server loop.
     pub server: ServerConfig,
     /// The SMTP relay and sender of the email reports (`--smtp`), if any.
@@ -283,6 +295,8 @@ impl std::fmt::Debug for ServeConfig {
             .field("page_days", &self.page_days)
             .field("stats_concurrency", &self.stats_concurrency)
             .field("batch_concurrency", &self.batch_concurrency)
+            .field("analytics_cache_bytes", &self.analytics_cache_bytes)
+            .field("geoip", &self.geoip)
             .field("server", &self.server)
             .field("mail", &self.mail)
             .field("report_interval", &self.report_interval)
@@ -671,6 +685,12 @@ impl ServeConfig {
                 .or(f.batch_concurrency)
                 .unwrap_or(DEFAULT_BATCH_CONCURRENCY)
                 .max(1),
+            analytics_cache_bytes: args
+                .analytics_cache_mb
+                .or(f.analytics_cache_mb)
+                .unwrap_or(128)
+                .saturating_mul(1 << 20),
+            geoip: args.geoip.or(f.geoip),
             server: server_config(ServerFlags {
                 header_timeout_secs: args.header_timeout_secs.or(f.header_timeout_secs),
                 body_timeout_secs: args.body_timeout_secs.or(f.body_timeout_secs),
@@ -716,6 +736,7 @@ impl ServeConfig {
             ingest_capacity: self.ingest.capacity,
             live_window_secs: self.live_window_secs,
             public_url: self.public_url.clone(),
+            analytics_cache_bytes: self.analytics_cache_bytes,
         }
     }
 

@@ -35,6 +35,7 @@
 //!
 //! Backends: [`sqlite`] (the default, one file) and [`postgres`] (several collectors on one
 //! database; `--db postgres://…`).
+pub mod analytics;
 pub mod copy;
 pub(crate) mod daypages;
 pub(crate) mod daysets;
@@ -60,6 +61,19 @@ pub const MAX_IMPORTED_COUNT: i64 = 1_000_000_000_000;
 /// read, their daily visitors summed (they have no visitor sets), never recounted by `verify`
 /// (they have no raw events), like bases.
 pub(crate) const IMPORTED_SOURCE: i64 = 2;
+
+/// New dimension tuples (`dims`) per site, local day and kind; beyond it, an event's tuple of
+/// that kind is the site's [`OTHER_DIM`] (its dimensions read "(other)"), so no client can grow
+/// the table faster than this.
+pub const DIM_CAP: i64 = 10_000;
+
+/// The stored form of the tuple that stands for every tuple beyond [`DIM_CAP`].
+pub const OTHER_DIM: &str = "(other)";
+
+/// `kind` of source tuples in `dims`.
+pub(crate) const DIM_SOURCE: i64 = 1;
+/// `kind` of agent tuples in `dims`.
+pub(crate) const DIM_AGENT: i64 = 2;
 
 /// The stored path of the one page per site that counts views of pages beyond the page cap.
 /// It cannot collide with a real page: page keys start with `/`.
@@ -317,6 +331,85 @@ pub const VISIT_GAP_MS: i64 = 30 * 60 * 1000;
 pub struct Visits {
     pub web: u64,
     pub badge: u64,
+}
+
+/// What the analytics of one site over a range of local days read, from ONE snapshot
+/// ([`SegmentSource::segment_input`]).
+#[derive(Debug, Clone, Default)]
+pub struct SegmentInput {
+    /// The segment generation: raised in the transaction of whatever deletes or rewrites a
+    /// stored segment, so a segment kept in memory under the same generation is still the
+    /// stored one.
+    pub generation: i64,
+    /// The sealed days of the range, each with its stored bytes, or `None` when the caller
+    /// said it holds that day under this generation.
+    pub sealed: Vec<(Date, Option<Vec<u8>>)>,
+    /// The other days of the range with web events: their events, visitor numbers resolved
+    /// (a key without a stored number gets one of this answer only, at or above
+    /// [`TEMP_NUMBERS`]).
+    pub open: Vec<(Date, Vec<crate::core::segment::DayEvent>)>,
+}
+
+/// Visitor numbers at or above this are given for one read only (keys not sealed yet); stored
+/// numbers stay below it.
+pub const TEMP_NUMBERS: u32 = 1 << 31;
+
+/// Dictionary rows: page paths and dimension tuples by id.
+#[derive(Debug, Clone, Default)]
+pub struct DictionaryRows {
+    pub pages: Vec<(u32, String)>,
+    /// (id, kind, stored form).
+    pub dims: Vec<(u32, i64, String)>,
+}
+
+/// The day segments of sites (`core::segment`): sealed days as stored, the rest read from raw
+/// events. Contract (both backends, `tests/it/store_conformance.rs`):
+/// - A day is sealed only once no event of it can arrive any more (the caller decides which
+///   days: see `collect::seal`), and its segment is exactly [`crate::core::segment::build`] of
+///   its raw web events with their stored visitor numbers.
+/// - Whatever adds raw events to a sealed day (an import) deletes its segment in the same
+///   transaction and raises the generation; the day is sealed again later. A seal that raced
+///   such a write is not stored.
+/// - Reads never write: a key of an open day without a stored number gets a number of that
+///   read only.
+#[async_trait]
+pub trait SegmentSource: Send + Sync {
+    /// The sealed and open days of `site` in `from..=to` ([`SegmentInput`]); `have` is the
+    /// generation and the sealed days the caller already holds.
+    async fn segment_input(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        have: Option<(i64, Vec<Date>)>,
+    ) -> Result<SegmentInput, StoreError>;
+
+    /// The paths and tuples of the given ids of `site` (unknown ids are left out).
+    async fn dictionary(
+        &self,
+        site: &SiteId,
+        pages: Vec<u32>,
+        dims: Vec<u32>,
+    ) -> Result<DictionaryRows, StoreError>;
+
+    /// Days of `site` up to `through` that have web events and no segment, oldest first, at
+    /// most `limit`.
+    async fn unsealed_days(
+        &self,
+        site: &SiteId,
+        through: Date,
+        limit: u32,
+    ) -> Result<Vec<Date>, StoreError>;
+
+    /// Seal `day` of `site` (whose local day starts at `day_start_ms`): number its visitors,
+    /// build its segment from its raw events and store it, unless it is sealed already or a
+    /// write to the day raced the seal. Whether a segment was stored.
+    async fn seal_day(
+        &self,
+        site: &SiteId,
+        day: Date,
+        day_start_ms: i64,
+    ) -> Result<bool, StoreError>;
 }
 
 /// A scheduled email report.
@@ -638,6 +731,7 @@ pub trait Store:
     + ExportSource
     + ReportStore
     + ShareStore
+    + SegmentSource
     + 'static
 {
 }
@@ -652,6 +746,7 @@ impl<
         + ExportSource
         + ReportStore
         + ShareStore
+        + SegmentSource
         + 'static,
 > Store for T
 {
@@ -661,7 +756,7 @@ impl<
 /// `use tally::store::prelude::*;`. Calls through `dyn Store` need no import.
 pub mod prelude {
     pub use super::{
-        EventSink, ExportSource, ImportSink, Maintenance, ReportStore, SaltStore, ShareStore,
-        SiteStore, StatsReader, Store,
+        EventSink, ExportSource, ImportSink, Maintenance, ReportStore, SaltStore, SegmentSource,
+        ShareStore, SiteStore, StatsReader, Store,
     };
 }

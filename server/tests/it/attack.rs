@@ -649,6 +649,7 @@ async fn stats_readers_are_bounded_on_a_site_with_100k_pages() {
                 at_ms: now.as_millisecond(),
                 day: today,
                 referrer: Some(format!("https://ref{}.example/", i % 5000)),
+                dims: Default::default(),
             })
             .collect();
         for chunk in records.chunks(5_000) {

@@ -125,9 +125,9 @@ async fn dashboard_page_has_a_heading_a_favicon_no_inline_script_and_readable_pa
         html.matches("<script src=").count()
     );
     assert!(html.contains(r#"<script src="/assets/dashboard.js" defer></script>"#));
-    // Paths decoded for reading (still escaped), the full path in the title.
+    // Paths decoded for reading (still escaped), in a link that filters by the page.
     assert!(
-        html.contains(r#"title="/posts/中文"><span>/posts/中文</span>"#),
+        html.contains(r#"title="Filter by page: /posts/中文">/posts/中文</a>"#),
         "{html}"
     );
     assert!(html.contains(">/bad%FF<"), "invalid UTF-8 stays encoded");

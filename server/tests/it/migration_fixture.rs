@@ -23,7 +23,7 @@ fn fixture(version: i64) -> PathBuf {
 
 /// What each schema version after the first fixture's added: dropping those of versions
 /// above N turns a current file into the file version N's code wrote.
-const ADDED_AFTER: [(i64, &str); 6] = [
+const ADDED_AFTER: [(i64, &str); 7] = [
     (2, "DROP TABLE import_ledger;"),
     (3, "DROP TABLE filtered;"),
     (4, "DROP TABLE set_journal;"),
@@ -44,6 +44,12 @@ const ADDED_AFTER: [(i64, &str); 6] = [
         "DROP TABLE shares; DROP TABLE reports; DROP TABLE report_sends;",
     ),
     (7, "DROP TABLE referrer_counters;"),
+    (
+        8,
+        "DROP TABLE dims; DROP TABLE dim_quota; DROP TABLE visitor_numbers; DROP TABLE segments;
+         ALTER TABLE events DROP COLUMN src; ALTER TABLE events DROP COLUMN agent;
+         ALTER TABLE events DROP COLUMN engaged_ms; ALTER TABLE events DROP COLUMN scroll;",
+    ),
 ];
 
 /// The fixtures committed (and checked), by schema version.
@@ -81,6 +87,7 @@ fn records() -> Vec<Record> {
             at_ms: at.as_millisecond(),
             day: date(2026, 3, 1),
             referrer: Some("https://news.example.net/".into()),
+            dims: Default::default(),
         });
     };
     for i in 0..10 {

@@ -20,6 +20,7 @@ const OPERATIONS: &[&str] = &[
     "GET /api/v1/sites/{site}/top",
     "GET /api/v1/sites/{site}/events",
     "GET /api/v1/sites/{site}/filtered",
+    "POST /api/v2/query",
     "GET /api/v1/openapi.json",
     "GET /badge/{file}",
     "GET /healthz",
@@ -112,7 +113,7 @@ async fn the_openapi_document_describes_every_endpoint_with_its_errors() {
     );
     assert_eq!(
         schemas["HitType"]["enum"],
-        serde_json::json!(["pageview", "event"])
+        serde_json::json!(["pageview", "event", "engagement"])
     );
     assert_eq!(
         schemas["Status"]["enum"],

@@ -227,6 +227,7 @@ fn view(n: u8, visitor: u8, source: Source, at: &str) -> Record {
         at_ms: at.as_millisecond(),
         day: at.to_zoned(jiff::tz::TimeZone::UTC).date(),
         referrer: None,
+        dims: Default::default(),
     }
 }
 

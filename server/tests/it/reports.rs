@@ -54,6 +54,7 @@ fn view(n: u8, visitor: u8, page: &str, at: Timestamp, referrer: Option<&str>) -
         at_ms: at.as_millisecond(),
         day: SiteZone::utc().day_of(at),
         referrer: referrer.map(Into::into),
+        dims: Default::default(),
     }
 }
 

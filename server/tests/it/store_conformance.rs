@@ -71,6 +71,7 @@ fn record(n: u8, visitor: u8, page: &str, day: jiff::civil::Date) -> Record {
         at_ms: at.as_millisecond(),
         day,
         referrer: None,
+        dims: Default::default(),
     }
 }
 
@@ -1974,7 +1975,7 @@ pub(crate) mod postgres {
         for open in opens {
             open.await.expect("join").expect("open");
         }
-        assert_eq!(db.exec("SELECT version FROM schema_version"), 3);
+        assert_eq!(db.exec("SELECT version FROM schema_version"), 4);
         db.exec("INSERT INTO schema_version (version) VALUES (99)");
         let options = PgOptions {
             schema: Some(db.schema.clone()),

@@ -66,7 +66,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 fn v1_commit(conn: &rusqlite::Connection, r: &Record) {
     let day = r.day.to_string();
     let (kind, name, dedupe) = match &r.kind {
-        HitKind::Pageview => (0, None, None),
+        HitKind::Pageview | HitKind::Engagement { .. } => (0, None, None),
         HitKind::Event { name, dedupe } => {
             (1, Some(name.as_str()), dedupe.as_ref().map(|d| d.as_str()))
         }
@@ -160,6 +160,7 @@ fn records() -> Vec<Record> {
             at_ms: at.as_millisecond(),
             day,
             referrer: (i % 4 == 0).then(|| format!("https://news{}.example/x", i % 2)),
+            dims: Default::default(),
         };
         // Every tenth record is delivered twice.
         if i % 10 == 3 {
@@ -322,7 +323,7 @@ async fn a_v1_database_migrates_with_every_number_kept() {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("version");
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
     let leftovers: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM sqlite_schema WHERE name LIKE 'v1_%' OR name = 'visitors'",
@@ -347,14 +348,14 @@ async fn a_v1_database_migrates_with_every_number_kept() {
 #[tokio::test]
 async fn a_newer_schema_is_refused() {
     let dir = tempfile::tempdir().expect("dir");
-    let path = dir.path().join("v9.sqlite");
+    let path = dir.path().join("v10.sqlite");
     drop(SqliteStore::open(&path, options()).expect("open"));
     rusqlite::Connection::open(&path)
         .expect("open")
-        .pragma_update(None, "user_version", 9)
+        .pragma_update(None, "user_version", 10)
         .expect("version");
     match SqliteStore::open(&path, options()) {
-        Err(StoreError::Invalid(why)) => assert!(why.contains("version 9"), "{why}"),
+        Err(StoreError::Invalid(why)) => assert!(why.contains("version 10"), "{why}"),
         Err(e) => panic!("expected Invalid, got {e}"),
         Ok(_) => panic!("a newer schema must be refused"),
     }

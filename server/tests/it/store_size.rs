@@ -109,6 +109,7 @@ fn pageview(rng: &mut Rng, day: jiff::civil::Date, page: String, visitor: [u8; 1
         at_ms: at.as_millisecond(),
         day,
         referrer: None,
+        dims: Default::default(),
     }
 }
 

@@ -18,7 +18,7 @@ use askama::Template;
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{ConnectInfo, Form, Query, State};
+use axum::extract::{ConnectInfo, Form, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -36,7 +36,6 @@ use crate::core::badge::group;
 use crate::core::chart::{DayPoint, daily_chart};
 use crate::core::counts::combine;
 use crate::core::filtered::{FilteredCounts, Reason};
-use crate::core::ids::PagePath;
 use crate::core::range::DayRange;
 use crate::core::site::Site;
 
@@ -136,7 +135,7 @@ impl RangeQuery {
 }
 
 /// The site, if the caller may see its stats, and whether the caller is the admin.
-async fn authorised(
+pub(super) async fn authorised(
     state: &AppState,
     raw: &str,
     peer: SocketAddr,
@@ -582,32 +581,12 @@ struct Card {
     label: &'static str,
     views: String,
     visitors: String,
-    id: &'static str,
 }
 
 struct RangeLink {
     key: &'static str,
     label: &'static str,
     selected: bool,
-}
-
-struct Row {
-    /// What is shown: a page path percent-decoded for reading (`core::display`), or a host.
-    label: String,
-    views: String,
-    visitors: String,
-    /// Bar width in percent of the first row.
-    share: u64,
-    /// Distinct visitors on this page in the live window (pages only).
-    live: u64,
-}
-
-struct EventRowView {
-    name: String,
-    count: String,
-    share: u64,
-    /// `2026-05-09: 3 · 2026-05-10: 1`, shown on hover.
-    days: String,
 }
 
 #[derive(Template)]
@@ -617,12 +596,14 @@ struct DashboardPage {
     timezone: String,
     range_label: String,
     ranges: Vec<RangeLink>,
-    cards: Vec<Card>,
+    /// The range's first and last day, for the custom range form.
+    from: String,
+    to: String,
+    /// The visits part: cards, chart, panels, filters.
+    v: super::dashboard_view::Visits,
     chart: String,
-    pages: Vec<Row>,
-    referrers: Vec<Row>,
-    /// Custom events: name, total, and per-day counts for the hover text.
-    events: Vec<EventRowView>,
+    /// Live visitors and events (never filtered).
+    live: Card,
     /// Views not counted, by reason.
     filtered: Vec<FilteredRowView>,
     filtered_total: u64,
@@ -632,11 +613,15 @@ struct DashboardPage {
     signed_in: bool,
     /// Opened through a shared link: read-only, no admin controls.
     shared: bool,
+    /// Other sites, for the site switcher of a signed-in admin.
+    sites: Vec<String>,
     /// The "Share" section, for a signed-in admin.
     admin: Option<super::share_access::AdminShares>,
     /// The site's own page with `#tally-ignore` (the snippet then stops counting this
     /// browser), when the site names an origin.
     ignore_url: Option<String>,
+    /// The location database's attribution, when it asks for one (DB-IP's lite files).
+    geo_credit: bool,
 }
 
 /// The favicon (an SVG; browsers take it from `/favicon.ico` by its content type).
@@ -701,10 +686,9 @@ async fn page(
     SiteSegment(raw): SiteSegment,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
-    limit: Result<Query<LimitQuery>, QueryRejection>,
+    RawQuery(raw_query): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = super::query(query)?;
-    let limit = super::query(limit)?;
     let (site, signed_in) = match authorised(&state, &raw, peer, &headers).await {
         Ok(found) => found,
         Err(ApiError::Unauthorized) => return Ok(login_page(raw, false, None)),
@@ -717,7 +701,16 @@ async fn page(
         true => View::Admin(super::share_access::admin_shares(&state, &site, &headers).await?),
         false => View::Reader,
     };
-    render(&state, &site, &q, &limit, peer, &headers, view).await
+    render(
+        &state,
+        &site,
+        &q,
+        raw_query.as_deref(),
+        peer,
+        &headers,
+        view,
+    )
+    .await
 }
 
 /// Who looks at a dashboard.
@@ -730,76 +723,79 @@ pub(super) enum View {
     Shared,
 }
 
-/// The dashboard of `site` for the range and limit asked.
+/// The dashboard of `site` for the range and filters asked (`format=csv`: the same view as
+/// CSV).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn render(
     state: &AppState,
     site: &Site,
     q: &RangeQuery,
-    limit: &LimitQuery,
+    raw_query: Option<&str>,
     peer: SocketAddr,
     headers: &HeaderMap,
     view: View,
 ) -> Result<Response, ApiError> {
     let (range, range_name) = q.resolve(state, site)?;
+    let filters = super::dashboard_view::parse_filters(raw_query)?;
     let _slot = state.stats_slot(state.client_net(peer, headers)).await?;
     let now = state.clock.now();
-    let mut cards = Vec::new();
-    for (name, label, id) in [
-        ("today", "Today", "today"),
-        ("7d", "7 days", "d7"),
-        ("30d", "30 days", "d30"),
-    ] {
-        let r = DayRange::named(name, &site.zone, now)
-            .map_err(|e| ApiError::bad("invalid_range", e.to_string()))?;
-        let n = combine(state.store.range_totals(&site.id, r.from, r.to).await?);
-        cards.push(Card {
-            label,
-            views: group(n.views),
-            visitors: group(n.visitors),
-            id,
-        });
+    let range_pairs: Vec<(&'static str, String)> = match (&q.from, &q.to) {
+        (Some(from), Some(to)) => vec![("from", from.clone()), ("to", to.clone())],
+        _ => vec![("range", range_name.clone())],
+    };
+    let mut visits =
+        super::dashboard_view::visits(state, site, range, &range_pairs, &filters).await?;
+    // Top pages: visitors on each page in the live window too.
+    if let Some(top) = visits
+        .sections
+        .iter_mut()
+        .flat_map(|s| s.panels.iter_mut())
+        .find(|p| p.id == "top-pages")
+    {
+        top.heads.push("Now");
+        for row in &mut top.rows {
+            let live = match crate::core::ids::PagePath::parse(&row.value) {
+                Ok(page) => {
+                    super::counts::live_of_page(state, &site.id, Some(&page), now.as_millisecond())
+                        .await
+                        .visitors
+                }
+                Err(_) => 0,
+            };
+            row.cells.push(live.to_string());
+        }
     }
-    let raw_counts = state
-        .store
-        .counts(&site.id, &PagePath::root(), site.zone.day_of(now))
-        .await?;
+    let csv = url::form_urlencoded::parse(raw_query.unwrap_or("").as_bytes())
+        .any(|(k, v)| k == "format" && v == "csv");
+    if csv {
+        let body = super::dashboard_view::csv(site, range, &visits);
+        return Ok((
+            [
+                (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+                (
+                    header::CONTENT_DISPOSITION,
+                    "attachment; filename=\"tally-dashboard.csv\"",
+                ),
+            ],
+            body,
+        )
+            .into_response());
+    }
     let live = super::counts::live_of(state, &site.id, now.as_millisecond()).await;
-    let all = crate::core::counts::present(&raw_counts, live);
-    cards.push(Card {
-        label: "All time",
-        views: group(all.site.views),
-        visitors: group(all.site.visitors),
-        id: "all",
-    });
-    cards.push(Card {
-        label: "Live now",
-        views: group(live.events),
-        visitors: group(live.visitors),
-        id: "live",
-    });
-
-    let chart = daily_chart(&daily_points(state, site, range).await?);
-    let (pages, referrers) = top_lists(state, site, range, limit.limit()?).await?;
-    let events = event_list(state, site, range).await?;
     let not_counted = state
         .filtered_counts(&site.id, range.from, range.to)
         .await?;
-    let top_event = events.first().map(|e| e.count).unwrap_or(0);
-    let top_page = pages.first().map(|p| p.views).unwrap_or(0);
-    let top_ref = referrers.first().map(|r| r.views).unwrap_or(0);
-    // Live visitors per listed page.
-    let mut pages_live = Vec::with_capacity(pages.len());
-    for p in &pages {
-        pages_live.push(match PagePath::parse(&p.page) {
-            Ok(page) => {
-                let now_ms = now.as_millisecond();
-                super::counts::live_of_page(state, &site.id, Some(&page), now_ms)
-                    .await
-                    .visitors
-            }
-            Err(_) => 0,
-        });
-    }
+    let sites = match view {
+        View::Admin(_) => state
+            .store
+            .list_sites()
+            .await?
+            .into_iter()
+            .map(|s| s.id.to_string())
+            .filter(|id| id != site.id.as_str())
+            .collect(),
+        _ => Vec::new(),
+    };
     let body = DashboardPage {
         site: site.id.to_string(),
         timezone: site.zone.name().to_owned(),
@@ -816,49 +812,22 @@ pub(super) async fn render(
                 selected: key == range_name,
             })
             .collect(),
-        cards,
-        chart,
-        pages: pages
-            .into_iter()
-            .zip(pages_live)
-            .map(|(p, live)| Row {
-                share: share(p.views, top_page),
-                live,
-                label: crate::core::display::display_path(&p.page),
-                views: group(p.views),
-                visitors: group(p.visitors),
-            })
-            .collect(),
-        referrers: referrers
-            .into_iter()
-            .map(|r| Row {
-                share: share(r.views, top_ref),
-                live: 0,
-                label: r.host,
-                views: group(r.views),
-                visitors: String::new(),
-            })
-            .collect(),
-        events: events
-            .into_iter()
-            .map(|e| EventRowView {
-                share: share(e.count, top_event),
-                count: group(e.count),
-                days: e
-                    .days
-                    .iter()
-                    .map(|d| format!("{}: {}", d.day, group(d.count)))
-                    .collect::<Vec<_>>()
-                    .join(" · "),
-                name: e.name,
-            })
-            .collect(),
+        from: range.from.to_string(),
+        to: range.to.to_string(),
+        chart: daily_chart(&visits.points),
+        v: visits,
+        live: Card {
+            label: "Live now",
+            views: group(live.events),
+            visitors: group(live.visitors),
+        },
         filtered: filtered_rows(&not_counted),
         filtered_total: not_counted.total(),
         public: site.public,
         live_window: state.options.live_window_secs,
         signed_in: matches!(view, View::Admin(_)),
         shared: matches!(view, View::Shared),
+        sites,
         admin: match view {
             View::Admin(admin) => admin,
             _ => None,
@@ -868,6 +837,7 @@ pub(super) async fn render(
             .iter()
             .find(|o| o.starts_with("https://") || o.starts_with("http://"))
             .map(|o| format!("{}/#tally-ignore", o.trim_end_matches('/'))),
+        geo_credit: state.collect.geo_credit(),
     }
     .render();
     Ok(html(StatusCode::OK, body))

@@ -175,6 +175,17 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<crate::store::analytics::AnalyticsError> for ApiError {
+    fn from(e: crate::store::analytics::AnalyticsError) -> Self {
+        match e {
+            crate::store::analytics::AnalyticsError::Invalid(why) => {
+                ApiError::bad("invalid_query", why.0)
+            }
+            crate::store::analytics::AnalyticsError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl From<IngestError> for ApiError {
     fn from(e: IngestError) -> Self {
         match e {

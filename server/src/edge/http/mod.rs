@@ -27,10 +27,12 @@ mod badge;
 mod compress;
 mod counts;
 mod dashboard;
+mod dashboard_view;
 mod error;
 mod headers;
 mod hit;
 mod openapi;
+mod query_api;
 mod share;
 mod share_access;
 pub use share::share_url;
@@ -80,6 +82,8 @@ pub struct EdgeOptions {
     pub live_window_secs: u32,
     /// The public base URL new shared links are shown under (`--public-url`), if set.
     pub public_url: Option<String>,
+    /// Bytes of sealed day segments the analytics keep in memory (`--analytics-cache-mb`).
+    pub analytics_cache_bytes: usize,
 }
 
 /// Everything a handler needs, behind one `Arc`: axum clones the state for every request, and
@@ -102,6 +106,8 @@ pub struct AppStateInner {
     pub collect: Arc<Collector>,
     /// The store, for the read routes.
     pub store: Arc<dyn Store>,
+    /// Visits, dimensions and filters over the store's day segments.
+    pub analytics: Arc<crate::store::analytics::Analytics>,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<Metrics>,
     pub options: EdgeOptions,
@@ -132,6 +138,10 @@ impl AppState {
             stats_slots: Arc::new(tokio::sync::Semaphore::new(options.stats_concurrency)),
             stats_shares: crate::core::net::Shares::new(options.stats_concurrency.div_ceil(2)),
             batch_slots: Arc::new(tokio::sync::Semaphore::new(options.batch_concurrency)),
+            analytics: Arc::new(crate::store::analytics::Analytics::new(
+                store.clone(),
+                options.analytics_cache_bytes,
+            )),
             collect,
             store,
             auth,
@@ -271,6 +281,7 @@ fn documented() -> utoipa_axum::router::OpenApiRouter<AppState> {
         .merge(counts::router())
         .merge(badge::pixel_router())
         .merge(dashboard::api_router())
+        .merge(query_api::router())
         .merge(openapi::router())
         .layer(HeaderLayer(ApiHeaders));
     api.merge(ops::router()).merge(badge::router())

@@ -22,15 +22,13 @@ use std::net::SocketAddr;
 use askama::Template;
 use axum::Router;
 use axum::extract::rejection::{FormRejection, QueryRejection};
-use axum::extract::{ConnectInfo, Form, Path, Query, State};
+use axum::extract::{ConnectInfo, Form, Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use serde::Deserialize;
 
-use super::dashboard::{
-    LimitQuery, RangeQuery, View, render, see_other, site_of, with_retry_after,
-};
+use super::dashboard::{RangeQuery, View, render, see_other, site_of, with_retry_after};
 use super::share_access::{Closed, find};
 use super::ui::html;
 use super::{ApiError, AppState, SiteSegment};
@@ -100,7 +98,7 @@ async fn page(
     Path(raw): Path<String>,
     headers: HeaderMap,
     query: Result<Query<RangeQuery>, QueryRejection>,
-    limit: Result<Query<LimitQuery>, QueryRejection>,
+    RawQuery(raw_query): RawQuery,
 ) -> Result<Response, ApiError> {
     let Some(token) = token_of(&raw) else {
         return Ok(closed_page(Closed::Revoked));
@@ -123,9 +121,17 @@ async fn page(
         return Ok(password_page(&share, token, false, None));
     }
     let q = super::query(query)?;
-    let limit = super::query(limit)?;
     let site = site_of(&state, &share.site).await?;
-    render(&state, &site, &q, &limit, peer, &headers, View::Shared).await
+    render(
+        &state,
+        &site,
+        &q,
+        raw_query.as_deref(),
+        peer,
+        &headers,
+        View::Shared,
+    )
+    .await
 }
 
 #[derive(Deserialize)]

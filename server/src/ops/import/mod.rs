@@ -498,7 +498,7 @@ impl RecordMaker {
             EventId::new_at(p.at, random),
             referrer,
         );
-        Ok(view.into_record(VisitorKey(visitor)))
+        Ok(view.into_record(VisitorKey(visitor), Default::default()))
     }
 }
 

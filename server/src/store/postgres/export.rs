@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use futures_util::{StreamExt, pin_mut};
 use jiff::civil::Date;
 
-use super::write::KIND_EVENT;
+use super::KIND_EVENT;
 use super::{Fail, PgStore, day_num, num_day};
 use crate::core::ids::SiteId;
 use crate::core::record::Source;

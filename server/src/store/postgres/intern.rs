@@ -1,4 +1,5 @@
-//! Interning site names and page paths into integer ids, with the page cap (as in SQLite).
+//! Interning site names, page paths and dimension tuples into integer ids, with the page cap
+//! and the tuple cap (as in SQLite).
 //!
 //! Contract: rows of `site_keys` and `pages` are never deleted, so an id names the same site
 //! or (site, path) forever. Ids learned inside a transaction wait in [`Pending`] and join the
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 use deadpool_postgres::Transaction;
 
 use super::{Fail, PgStore};
-use crate::store::OTHER_PAGE;
+use crate::store::{DIM_CAP, OTHER_DIM, OTHER_PAGE};
 
 /// Cached entries at most; the cache is cleared when full (ids are cheap to look up again).
 const MAX_ENTRIES: usize = 100_000;
@@ -22,23 +23,32 @@ const MAX_ENTRIES: usize = 100_000;
 pub(super) struct Interned {
     sites: HashMap<String, i64>,
     pages: HashMap<(i64, String), i64>,
+    /// (site, kind, value) → id of `dims`.
+    dims: HashMap<(i64, i16, String), i64>,
 }
 
 impl Interned {
     /// Keep what a committed transaction learned.
     pub(super) fn absorb(&mut self, pending: Pending) {
-        if self.sites.len() + self.pages.len() + pending.sites.len() + pending.pages.len()
+        if self.sites.len()
+            + self.pages.len()
+            + self.dims.len()
+            + pending.sites.len()
+            + pending.pages.len()
+            + pending.dims.len()
             > MAX_ENTRIES
         {
             self.clear();
         }
         self.sites.extend(pending.sites);
         self.pages.extend(pending.pages);
+        self.dims.extend(pending.dims);
     }
 
     pub(super) fn clear(&mut self) {
         self.sites.clear();
         self.pages.clear();
+        self.dims.clear();
     }
 }
 
@@ -47,6 +57,7 @@ impl Interned {
 pub(super) struct Pending {
     sites: HashMap<String, i64>,
     pages: HashMap<(i64, String), i64>,
+    dims: HashMap<(i64, i16, String), i64>,
 }
 
 /// Resolves names to ids inside one transaction.
@@ -183,6 +194,94 @@ impl<'a> Resolver<'a> {
             .map(|r| r.get(0));
         if let Some(id) = found {
             self.pending.pages.insert(key, id);
+        }
+        Ok(found)
+    }
+
+    /// The id of the dimension tuple `value` of `kind` for site `site` on local day `day`,
+    /// created if the tuple cap allows (its tally read `FOR UPDATE`, as the page cap's), else
+    /// the site's [`OTHER_DIM`] of that kind.
+    pub(super) async fn dim(
+        &mut self,
+        site: i64,
+        kind: i16,
+        value: &str,
+        day: i32,
+    ) -> Result<i64, Fail> {
+        if let Some(id) = self.lookup_dim(site, kind, value).await? {
+            return Ok(id);
+        }
+        if value != OTHER_DIM {
+            self.tx
+                .execute(
+                    "INSERT INTO dim_quota (site, day, kind, created) VALUES ($1, $2, $3, 0) \
+                     ON CONFLICT (site, day, kind) DO NOTHING",
+                    &[&site, &day, &kind],
+                )
+                .await?;
+            let created: i32 = self
+                .tx
+                .query_one(
+                    "SELECT created FROM dim_quota WHERE site = $1 AND day = $2 AND kind = $3 \
+                     FOR UPDATE",
+                    &[&site, &day, &kind],
+                )
+                .await?
+                .get(0);
+            if let Some(id) = self.lookup_dim(site, kind, value).await? {
+                return Ok(id);
+            }
+            if i64::from(created) >= DIM_CAP {
+                return Box::pin(self.dim(site, kind, OTHER_DIM, day)).await;
+            }
+            self.tx
+                .execute(
+                    "UPDATE dim_quota SET created = created + 1 \
+                     WHERE site = $1 AND day = $2 AND kind = $3",
+                    &[&site, &day, &kind],
+                )
+                .await?;
+        }
+        let created = self
+            .tx
+            .query_opt(
+                "INSERT INTO dims (site, kind, value) VALUES ($1, $2, $3) \
+                 ON CONFLICT (site, kind, value) DO NOTHING RETURNING id",
+                &[&site, &kind, &value],
+            )
+            .await?;
+        let id: i64 = match created {
+            Some(row) => row.get(0),
+            None => self
+                .tx
+                .query_one(
+                    "SELECT id FROM dims WHERE site = $1 AND kind = $2 AND value = $3",
+                    &[&site, &kind, &value],
+                )
+                .await?
+                .get(0),
+        };
+        self.pending.dims.insert((site, kind, value.to_owned()), id);
+        Ok(id)
+    }
+
+    async fn lookup_dim(&mut self, site: i64, kind: i16, value: &str) -> Result<Option<i64>, Fail> {
+        let key = (site, kind, value.to_owned());
+        let cached = self.store.known().dims.get(&key).copied();
+        if let Some(id) = cached.or_else(|| self.pending.dims.get(&key).copied()) {
+            return Ok(Some(id));
+        }
+        let select = self
+            .tx
+            .prepare_cached("SELECT id FROM dims WHERE site = $1 AND kind = $2 AND value = $3")
+            .await?;
+        let found: Option<i64> = self
+            .tx
+            .query_opt(&select, &[&site, &kind, &value])
+            .await?
+            .map(|r| r.get(0));
+        if let Some(id) = found {
+            self.pending.dims.insert(key, id);
         }
         Ok(found)
     }

@@ -29,6 +29,7 @@ mod prune;
 mod read;
 mod report;
 mod schema;
+mod segments;
 mod shares;
 mod verify;
 mod write;
@@ -63,6 +64,10 @@ pub(super) const ALL_TIME: i32 = -1;
 const EPOCH: Date = jiff::civil::date(1970, 1, 1);
 
 /// A local day as stored: days since 1970-01-01.
+/// `kind` codes in `events`.
+pub(super) const KIND_PAGEVIEW: i16 = 0;
+pub(super) const KIND_EVENT: i16 = 1;
+
 pub(super) fn day_num(day: Date) -> i32 {
     let days = day.duration_since(EPOCH).as_secs().div_euclid(86_400);
     i32::try_from(days).unwrap_or(i32::MIN)
@@ -309,6 +314,61 @@ impl EventSink for PgStore {
             return Ok(());
         }
         retry("add_filtered", || write::add_filtered(self, rows)).await
+    }
+}
+
+#[async_trait]
+impl super::SegmentSource for PgStore {
+    async fn segment_input(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        have: Option<(i64, Vec<Date>)>,
+    ) -> Result<super::SegmentInput, StoreError> {
+        let (from, to) = segments::days(from, to);
+        let have = have.map(|(g, days)| (g, days.into_iter().map(day_num).collect()));
+        retry("segment_input", || {
+            segments::read_input(self, site.as_str(), from, to, have.clone())
+        })
+        .await
+    }
+
+    async fn dictionary(
+        &self,
+        site: &SiteId,
+        pages: Vec<u32>,
+        dims: Vec<u32>,
+    ) -> Result<super::DictionaryRows, StoreError> {
+        retry("dictionary", || {
+            segments::read_dictionary(self, site.as_str(), pages.clone(), dims.clone())
+        })
+        .await
+    }
+
+    async fn unsealed_days(
+        &self,
+        site: &SiteId,
+        through: Date,
+        limit: u32,
+    ) -> Result<Vec<Date>, StoreError> {
+        let days = retry("unsealed_days", || {
+            segments::read_unsealed(self, site.as_str(), day_num(through), limit)
+        })
+        .await?;
+        days.into_iter().map(num_day).collect()
+    }
+
+    async fn seal_day(
+        &self,
+        site: &SiteId,
+        day: Date,
+        day_start_ms: i64,
+    ) -> Result<bool, StoreError> {
+        retry("seal_day", || {
+            segments::seal_day(self, site, day_num(day), day_start_ms)
+        })
+        .await
     }
 }
 

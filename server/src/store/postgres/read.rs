@@ -304,7 +304,7 @@ async fn generation(client: &impl GenericClient) -> Result<i64, Fail> {
 }
 
 /// A read-only REPEATABLE READ transaction: counters and visitor sets are one snapshot.
-async fn snapshot(
+pub(super) async fn snapshot(
     client: &mut deadpool_postgres::Client,
 ) -> Result<deadpool_postgres::Transaction<'_>, Fail> {
     Ok(client

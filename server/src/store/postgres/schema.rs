@@ -123,6 +123,32 @@ INSERT INTO referrer_counters (site, day, host, views)
     SELECT site, day, split_part(substr(referrer, strpos(referrer, '://') + 3), '/', 1) AS host,
            COUNT(*) FROM events WHERE kind = 0 AND referrer IS NOT NULL GROUP BY site, day, 3;
 ",
+    r"
+-- Per event: its source and agent tuple (ids of `dims`; NULL before this migration or none
+-- recorded), and for page views the largest engaged time (ms) and scroll depth reported.
+ALTER TABLE events ADD COLUMN src BIGINT, ADD COLUMN agent BIGINT,
+    ADD COLUMN engaged_ms BIGINT, ADD COLUMN scroll SMALLINT;
+-- Interned dimension tuples of a site: kind 1 = where a visit came from, 2 = what it was made
+-- with (`core::dims`); never deleted, so ids are never reused.
+CREATE TABLE dims (
+    site BIGINT NOT NULL, id BIGINT GENERATED ALWAYS AS IDENTITY, kind SMALLINT NOT NULL,
+    value TEXT NOT NULL, PRIMARY KEY (site, id), UNIQUE (site, kind, value)
+);
+CREATE TABLE dim_quota (
+    site BIGINT NOT NULL, day INTEGER NOT NULL, kind SMALLINT NOT NULL, created INTEGER NOT NULL,
+    PRIMARY KEY (site, day, kind)
+);
+-- Each visitor key of a site as a number below 2^31 (assigned when a day is sealed).
+CREATE TABLE visitor_numbers (
+    site BIGINT NOT NULL, num BIGINT GENERATED ALWAYS AS IDENTITY (MAXVALUE 2147483647),
+    visitor BYTEA NOT NULL, PRIMARY KEY (site, visitor), UNIQUE (num)
+);
+-- A sealed day of a site (`core::segment`), rebuilt from the raw events by verify, kept after
+-- they are pruned.
+CREATE TABLE segments (
+    site BIGINT NOT NULL, day INTEGER NOT NULL, data BYTEA NOT NULL, PRIMARY KEY (site, day)
+);
+",
 ];
 
 /// Create schema `name` unless it exists, under the migration lock (two `CREATE SCHEMA IF NOT

@@ -16,15 +16,13 @@ use uuid::Uuid;
 
 use super::intern::Resolver;
 use super::prune::raise_marker;
-use super::{ALL_TIME, Fail, PgStore, day_num};
+use super::{ALL_TIME, Fail, KIND_EVENT, KIND_PAGEVIEW, PgStore, day_num};
 use crate::core::filtered::FilteredRow;
 use crate::core::hit::HitKind;
 use crate::core::record::{Outcome, Record};
-use crate::store::{DailyImport, IMPORTED_SOURCE, ImportOptions, StoreError};
-
-/// `kind` codes in `events`.
-pub(super) const KIND_PAGEVIEW: i16 = 0;
-pub(super) const KIND_EVENT: i16 = 1;
+use crate::store::{
+    DIM_AGENT, DIM_SOURCE, DailyImport, IMPORTED_SOURCE, ImportOptions, StoreError,
+};
 
 /// The advisory lock of one site's counters (`$1` = the site id, a single bigint key of the
 /// schema and the site): commits share it for every site of their batch, a repair of that
@@ -53,6 +51,9 @@ struct Row<'r> {
     scope: i64,
     source: i16,
     day: i32,
+    /// The ids of its source and agent tuples (`dims`), when it has them.
+    src: Option<i64>,
+    agent: Option<i64>,
     record: &'r Record,
 }
 
@@ -81,8 +82,14 @@ pub(super) async fn commit_batch(
     });
     let mut rows: Vec<Option<Row<'_>>> = (0..records.len()).map(|_| None).collect();
     let mut scopes: HashMap<(i64, i32, &str), i64> = HashMap::new();
+    // Engagement reports count nothing and intern nothing: they update their page view last.
+    let mut engagements: Vec<usize> = Vec::new();
     for i in order {
         let r = &records[i];
+        if matches!(r.kind, HitKind::Engagement { .. }) {
+            engagements.push(i);
+            continue;
+        }
         let day = day_num(r.day);
         if day < 0 {
             return Err(Fail::Store(StoreError::Invalid(format!(
@@ -105,10 +112,37 @@ pub(super) async fn commit_batch(
             scope,
             source: r.source.code() as i16,
             day,
+            src: None,
+            agent: None,
             record: r,
         });
     }
-    let rows: Vec<Row<'_>> = rows.into_iter().flatten().collect();
+    let mut rows: Vec<Row<'_>> = rows.into_iter().flatten().collect();
+    // Dimension tuples after every page (quota rows locked in one global order: pages first,
+    // then tuples, each sorted), so two writers cannot wait on each other.
+    let mut tuples: BTreeMap<(i64, i32, i16, &str), i64> = BTreeMap::new();
+    for row in &rows {
+        for (kind, value) in [
+            (DIM_SOURCE as i16, row.record.dims.src.as_str()),
+            (DIM_AGENT as i16, &*row.record.dims.agent),
+        ] {
+            if !value.is_empty() {
+                tuples.insert((row.site, row.day, kind, value), 0);
+            }
+        }
+    }
+    for ((site, day, kind, value), id) in tuples.iter_mut() {
+        *id = resolver.dim(*site, *kind, value, *day).await?;
+    }
+    for row in &mut rows {
+        let id = |kind: i64, value: &str| {
+            tuples
+                .get(&(row.site, row.day, kind as i16, value))
+                .copied()
+        };
+        row.src = id(DIM_SOURCE, &row.record.dims.src);
+        row.agent = id(DIM_AGENT, &row.record.dims.agent);
+    }
     // A repair of one of these sites waits for this batch, or this batch for the repair.
     let mut sites: Vec<i64> = rows.iter().map(|row| row.site).collect();
     sites.sort_unstable();
@@ -185,7 +219,17 @@ pub(super) async fn commit_batch(
     let (kept, not_kept): (Vec<&Row<'_>>, Vec<&Row<'_>>) = candidates
         .iter()
         .partition(|row| cut.is_none_or(|cut| row.record.at_ms >= cut));
+    // Days this batch may write: an import takes their locks (no seal runs across it) and
+    // deletes their segments once its events are in.
+    let mut days: Vec<(i64, i32)> = kept.iter().map(|row| (row.site, row.day)).collect();
+    days.sort_unstable();
+    days.dedup();
+    if import.is_some() {
+        super::segments::lock_days(&tx, &days).await?;
+    }
     let mut accepted = insert_events(&tx, &kept).await?;
+    super::segments::unseal(&tx, &days).await?;
+    engage(&tx, &mut resolver, records, &engagements, &mut outcomes).await?;
     if let Some(latest) = not_kept.iter().map(|row| row.record.at_ms).max() {
         accepted.extend(
             not_kept
@@ -219,6 +263,7 @@ pub(super) async fn commit_batch(
                         .or_default() += 1;
                 }
             }
+            HitKind::Engagement { .. } => {}
             HitKind::Pageview => {
                 if let Some(referrer) = &row.record.referrer {
                     let host = crate::core::hit::referrer_host(referrer).to_owned();
@@ -318,14 +363,18 @@ async fn insert_events(
     let mut at = Vec::with_capacity(rows.len());
     let mut day = Vec::with_capacity(rows.len());
     let mut referrer: Vec<Option<&str>> = Vec::with_capacity(rows.len());
+    let mut src: Vec<Option<i64>> = Vec::with_capacity(rows.len());
+    let mut agent: Vec<Option<i64>> = Vec::with_capacity(rows.len());
     for row in rows {
+        src.push(row.src);
+        agent.push(row.agent);
         let r = row.record;
         site.push(row.site);
         id.push(r.event_id.uuid());
         source.push(row.source);
         page.push(row.scope);
         let (k, n, d) = match &r.kind {
-            HitKind::Pageview => (KIND_PAGEVIEW, None, None),
+            HitKind::Pageview | HitKind::Engagement { .. } => (KIND_PAGEVIEW, None, None),
             HitKind::Event { name, dedupe } => (
                 KIND_EVENT,
                 Some(name.as_str()),
@@ -343,9 +392,10 @@ async fn insert_events(
     let stmt = tx
         .prepare_cached(
             "INSERT INTO events (site, event_id, source, kind, page, name, dedupe, visitor, \
-             at_ms, day, referrer) \
+             at_ms, day, referrer, src, agent) \
              SELECT * FROM unnest($1::int8[], $2::uuid[], $3::int2[], $4::int2[], $5::int8[], \
-             $6::text[], $7::text[], $8::bytea[], $9::int8[], $10::int4[], $11::text[]) \
+             $6::text[], $7::text[], $8::bytea[], $9::int8[], $10::int4[], $11::text[], \
+             $12::int8[], $13::int8[]) \
              ON CONFLICT DO NOTHING RETURNING site, event_id",
         )
         .await?;
@@ -354,10 +404,89 @@ async fn insert_events(
             &stmt,
             &[
                 &site, &id, &source, &kind, &page, &name, &dedupe, &visitor, &at, &day, &referrer,
+                &src, &agent,
             ],
         )
         .await?;
     Ok(inserted.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Apply the engagement reports of a batch (after its raw events, so a page view and its report
+/// may share a batch): each page view keeps the largest engaged time and scroll depth it was
+/// ever sent. Reports are judged in record order against the row as locked (`FOR UPDATE`, in
+/// key order) and the reports before them, as the SQLite writer judges them one at a time: a
+/// report is `Accepted` when it raised a value, else a `Duplicate`.
+async fn engage(
+    tx: &deadpool_postgres::Transaction<'_>,
+    resolver: &mut Resolver<'_>,
+    records: &[Record],
+    indices: &[usize],
+    outcomes: &mut [Outcome],
+) -> Result<(), Fail> {
+    if indices.is_empty() {
+        return Ok(());
+    }
+    let mut keyed: Vec<(usize, (i64, Uuid), i64, i16)> = Vec::with_capacity(indices.len());
+    for &i in indices {
+        let r = &records[i];
+        let HitKind::Engagement { engaged_ms, scroll } = r.kind else {
+            continue;
+        };
+        let site = resolver.site(r.site.as_str()).await?;
+        keyed.push((
+            i,
+            (site, r.event_id.uuid()),
+            i64::from(engaged_ms),
+            scroll.map_or(-1, i16::from),
+        ));
+    }
+    let keys: BTreeSet<(i64, Uuid)> = keyed.iter().map(|k| k.1).collect();
+    let (s, id): (Vec<i64>, Vec<Uuid>) = keys.iter().copied().unzip();
+    let mut current: HashMap<(i64, Uuid), (i64, i16, bool)> = HashMap::new();
+    for row in tx
+        .query(
+            "SELECT e.site, e.event_id, COALESCE(e.engaged_ms, 0), COALESCE(e.scroll, -1)::int2 \
+             FROM events e JOIN unnest($1::int8[], $2::uuid[]) AS u(site, id) \
+             ON e.site = u.site AND e.event_id = u.id WHERE e.kind = 0 \
+             ORDER BY e.site, e.event_id FOR UPDATE OF e",
+            &[&s, &id],
+        )
+        .await?
+    {
+        current.insert((row.get(0), row.get(1)), (row.get(2), row.get(3), false));
+    }
+    keyed.sort_by_key(|k| k.0);
+    for (i, key, eng, scroll) in keyed {
+        let Some(cur) = current.get_mut(&key) else {
+            continue;
+        };
+        if eng > cur.0 || scroll > cur.1 {
+            cur.0 = cur.0.max(eng);
+            cur.1 = cur.1.max(scroll);
+            cur.2 = true;
+            outcomes[i] = Outcome::Accepted;
+        }
+    }
+    let mut changed: Vec<_> = current.iter().filter(|(_, v)| v.2).collect();
+    changed.sort_by_key(|(k, _)| **k);
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let (mut s, mut id, mut eng, mut scroll) = (vec![], vec![], vec![], vec![]);
+    for ((site, event), (e, sc, _)) in changed {
+        s.push(*site);
+        id.push(*event);
+        eng.push(*e);
+        scroll.push(*sc);
+    }
+    tx.execute(
+        "UPDATE events e SET engaged_ms = u.eng, scroll = NULLIF(u.scroll, -1) \
+         FROM unnest($1::int8[], $2::uuid[], $3::int8[], $4::int2[]) AS u(site, id, eng, scroll) \
+         WHERE e.site = u.site AND e.event_id = u.id",
+        &[&s, &id, &eng, &scroll],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Insert per-day visitor rows (sorted); returns those really inserted.

@@ -1,4 +1,5 @@
-//! Interning site names and page paths into integer ids, with the page cap.
+//! Interning site names, page paths and dimension tuples into integer ids, with the page cap
+//! and the tuple cap.
 //!
 //! Contract: an id, once committed, names the same site or (site, path) forever (rows of
 //! `site_keys` and `pages` are never deleted, so ids are never reused). The writer keeps the
@@ -8,13 +9,15 @@
 //! use. A new page is created only while the site's pages created that local day are below
 //! the cap; beyond it, views count under the site's [`OTHER_PAGE`]. Interning runs inside a
 //! write (`IMMEDIATE`) transaction, so two stores on one file cannot intern a name twice.
+//! Dimension tuples (`dims`) follow the same rules with their own cap per site, local day and
+//! kind ([`DIM_CAP`]); beyond it, an event's tuple of that kind is the site's [`OTHER_DIM`].
 
 use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::StoreError;
-use crate::store::OTHER_PAGE;
+use crate::store::{DIM_CAP, OTHER_DIM, OTHER_PAGE};
 
 /// Site names cached at most (sites are few; the cache is cleared when full).
 const MAX_SITES: usize = 4096;
@@ -51,13 +54,16 @@ impl PageIds {
     }
 }
 
-/// Committed ids the writer has used recently: the page cache keeps two generations, so the
-/// pages in use stay while one-off paths age out.
+/// Committed ids the writer has used recently: the page and tuple caches keep two generations
+/// each, so the names in use stay while one-off ones age out.
 #[derive(Default)]
 pub(super) struct Interned {
     sites: HashMap<Box<str>, i64>,
     young: PageIds,
     old: PageIds,
+    /// Dimension tuples, keyed like pages by `site * 4 + kind`.
+    young_dims: PageIds,
+    old_dims: PageIds,
 }
 
 impl Interned {
@@ -65,6 +71,12 @@ impl Interned {
         self.young
             .get(site, path)
             .or_else(|| self.old.get(site, path))
+    }
+
+    fn dim(&self, key: i64, value: &str) -> Option<i64> {
+        self.young_dims
+            .get(key, value)
+            .or_else(|| self.old_dims.get(key, value))
     }
 
     /// Keep what a committed transaction learned.
@@ -83,6 +95,16 @@ impl Interned {
                 self.young.insert(site, &path, id);
             }
         }
+        for (key, values) in pending.dims.map {
+            for (value, id) in values {
+                if self.young_dims.entries >= PAGES_PER_GENERATION
+                    || self.young_dims.bytes >= PAGE_BYTES_PER_GENERATION
+                {
+                    self.old_dims = std::mem::take(&mut self.young_dims);
+                }
+                self.young_dims.insert(key, &value, id);
+            }
+        }
     }
 
     /// Forget everything (after a repair or a migration, to be safe).
@@ -96,6 +118,7 @@ impl Interned {
 pub(super) struct Pending {
     sites: HashMap<Box<str>, i64>,
     pages: PageIds,
+    dims: PageIds,
 }
 
 /// Resolves names to ids inside one write transaction.
@@ -211,6 +234,59 @@ impl<'a> Resolver<'a> {
             self.pending.pages.insert(site, path, id);
         }
         Ok(found)
+    }
+
+    /// The id of the dimension tuple `value` of `kind` for site `site` on local day `day`,
+    /// created if the tuple cap allows, else the site's [`OTHER_DIM`] of that kind.
+    pub(super) fn dim(
+        &mut self,
+        site: i64,
+        kind: i64,
+        value: &str,
+        day: i64,
+    ) -> Result<i64, StoreError> {
+        let key = site * 4 + kind;
+        if let Some(id) = self
+            .known
+            .dim(key, value)
+            .or_else(|| self.pending.dims.get(key, value))
+        {
+            return Ok(id);
+        }
+        let found: Option<i64> = self
+            .tx
+            .prepare_cached("SELECT id FROM dims WHERE site = ?1 AND kind = ?2 AND value = ?3")?
+            .query_row(params![site, kind, value], |r| r.get(0))
+            .optional()?;
+        if let Some(id) = found {
+            self.pending.dims.insert(key, value, id);
+            return Ok(id);
+        }
+        let created: i64 = self
+            .tx
+            .prepare_cached(
+                "SELECT created FROM dim_quota WHERE site = ?1 AND day = ?2 AND kind = ?3",
+            )?
+            .query_row([site, day, kind], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0);
+        if value != OTHER_DIM && created >= DIM_CAP {
+            return self.dim(site, kind, OTHER_DIM, day);
+        }
+        if value != OTHER_DIM {
+            self.tx
+                .prepare_cached(
+                    "INSERT INTO dim_quota (site, day, kind, created) VALUES (?1, ?2, ?3, 1) \
+                     ON CONFLICT (site, day, kind) DO UPDATE SET created = created + 1",
+                )?
+                .execute([site, day, kind])?;
+        }
+        self.tx
+            .prepare_cached("INSERT INTO dims (site, kind, value) VALUES (?1, ?2, ?3)")?
+            .execute(params![site, kind, value])?;
+        let id = self.tx.last_insert_rowid();
+        self.pending.dims.insert(key, value, id);
+        Ok(id)
     }
 
     fn create(&mut self, site: i64, path: &str) -> Result<i64, StoreError> {

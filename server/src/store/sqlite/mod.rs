@@ -52,6 +52,7 @@ mod prune;
 mod read;
 mod report;
 mod schema;
+mod segments;
 mod shares;
 mod verify;
 mod write;
@@ -92,7 +93,7 @@ use crate::core::record::{Outcome, Record, Source};
 const KIND_PAGEVIEW: i64 = 0;
 const KIND_EVENT: i64 = 1;
 
-use crate::store::IMPORTED_SOURCE;
+use crate::store::{DIM_AGENT, DIM_SOURCE, IMPORTED_SOURCE};
 
 /// The first day of day numbers.
 const EPOCH: Date = jiff::civil::date(1970, 1, 1);
@@ -244,6 +245,8 @@ pub struct SqliteStore {
     sets: Arc<crate::store::daysets::DaySets>,
     /// Per-day page rows kept for top pages (`store::daypages`).
     pages: Arc<crate::store::daypages::DayPages>,
+    /// Stored visitor numbers looked up or assigned (`segments`).
+    numbers: Arc<Mutex<segments::Numbers>>,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -330,6 +333,7 @@ impl SqliteStore {
             wal,
             sets: Arc::default(),
             pages: Arc::default(),
+            numbers: Arc::default(),
         })
     }
 
@@ -534,6 +538,85 @@ impl EventSink for SqliteStore {
             Ok(())
         })
         .await
+    }
+}
+
+#[async_trait]
+impl super::SegmentSource for SqliteStore {
+    async fn segment_input(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+        have: Option<(i64, Vec<Date>)>,
+    ) -> Result<super::SegmentInput, StoreError> {
+        let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
+        let have = have.map(|(g, days)| (g, days.into_iter().map(day_num).collect()));
+        let numbers = Arc::clone(&self.numbers);
+        self.read(move |conn| {
+            snapshot(conn, |tx| {
+                segments::read_input(tx, &numbers, &site, from, to, have)
+            })
+        })
+        .await
+    }
+
+    async fn dictionary(
+        &self,
+        site: &SiteId,
+        pages: Vec<u32>,
+        dims: Vec<u32>,
+    ) -> Result<super::DictionaryRows, StoreError> {
+        let site = site.as_str().to_owned();
+        self.read(move |conn| segments::read_dictionary(conn, &site, &pages, &dims))
+            .await
+    }
+
+    async fn unsealed_days(
+        &self,
+        site: &SiteId,
+        through: Date,
+        limit: u32,
+    ) -> Result<Vec<Date>, StoreError> {
+        let (site, through) = (site.as_str().to_owned(), day_num(through));
+        let days = self
+            .read(move |conn| segments::read_unsealed(conn, &site, through, limit))
+            .await?;
+        days.into_iter().map(num_day).collect()
+    }
+
+    async fn seal_day(
+        &self,
+        site: &SiteId,
+        day: Date,
+        day_start_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let (name, day) = (site.as_str().to_owned(), day_num(day));
+        let numbers = Arc::clone(&self.numbers);
+        let read = self
+            .read(move |conn| snapshot(conn, |tx| segments::seal_read(tx, &numbers, &name, day)))
+            .await?;
+        let Some(read) = read else {
+            return Ok(false);
+        };
+        let site_id = read.site();
+        let assigned = self
+            .write(move |w| {
+                let tx = w
+                    .conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let out = segments::seal_write(&tx, read, day_start_ms)?;
+                tx.commit()?;
+                Ok(out)
+            })
+            .await?;
+        match assigned {
+            Some(assigned) => {
+                segments::remember(&self.numbers, site_id, assigned);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 }
 
@@ -938,6 +1021,7 @@ mod tests {
             at_ms: at.as_millisecond(),
             day: jiff::civil::date(2026, 4, 1),
             referrer: None,
+            dims: Default::default(),
         }
     }
 

@@ -1,9 +1,12 @@
-//! The schema (version 8, in `PRAGMA user_version`) and the migrations from versions 1 to 7.
+//! The schema (version 9, in `PRAGMA user_version`) and the migrations from versions 1 to 8.
 //!
-//! Contract: [`prepare`] leaves the file at version 8 or fails having changed nothing. Before
+//! Contract: [`prepare`] leaves the file at version 9 or fails having changed nothing. Before
 //! it migrates an existing file it copies it beside itself (`<file>.v<N>.bak`, see `backup`).
-//! A fresh file gets the v8 tables. An older file runs every step from its version on, in ONE
+//! A fresh file gets the v9 tables. An older file runs every step from its version on, in ONE
 //! transaction (each step is version N + 1 = version N plus):
+//! - v9: the analytics tables (see [`SCHEMA_V9`]): each event's source and agent tuple and
+//!   engagement, the interned tuples (`dims`), their daily quota, visitor numbers and day
+//!   segments; events stored before it have no tuple (their dimensions read as unknown);
 //! - v8: the referrer counters (`referrer_counters`, see [`schema_v8`]), filled from the raw
 //!   events kept;
 //! - v7: the shared links and the email reports (`shares`, `reports`, `report_sends`, see
@@ -29,7 +32,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use super::StoreError;
 
 /// The schema version this code reads and writes.
-pub(super) const VERSION: i64 = 8;
+pub(super) const VERSION: i64 = 9;
 
 /// `day` of all-time rows (real days are days since 1970-01-01, never negative).
 pub(super) const ALL_TIME: i64 = -1;
@@ -195,6 +198,38 @@ fn schema_v8() -> String {
     )
 }
 
+/// v9: what visits are broken down by (`core::dims`, `core::segment`).
+pub(super) const SCHEMA_V9: &str = r"
+-- Per event: its source and agent tuple (ids of `dims`; NULL before v9 or none recorded), and
+-- for page views the largest engaged time (ms) and scroll depth (percent) reported for them.
+ALTER TABLE events ADD COLUMN src INTEGER;
+ALTER TABLE events ADD COLUMN agent INTEGER;
+ALTER TABLE events ADD COLUMN engaged_ms INTEGER;
+ALTER TABLE events ADD COLUMN scroll INTEGER;
+-- Interned dimension tuples of a site: kind 1 = where a visit came from (referrer, source,
+-- channel, campaign tags), 2 = what it was made with (browser, OS, device, country); `value`
+-- is the tuple's stored form. Never deleted, so ids are never reused.
+CREATE TABLE IF NOT EXISTS dims (
+    id INTEGER PRIMARY KEY, site INTEGER NOT NULL, kind INTEGER NOT NULL, value TEXT NOT NULL,
+    UNIQUE (site, kind, value)
+);
+-- Tuples created per site, local day and kind, for the tuple cap.
+CREATE TABLE IF NOT EXISTS dim_quota (
+    site INTEGER NOT NULL, day INTEGER NOT NULL, kind INTEGER NOT NULL, created INTEGER NOT NULL,
+    PRIMARY KEY (site, day, kind)
+) WITHOUT ROWID;
+-- Each visitor key of a site as a small number (assigned when a day is sealed), so day
+-- segments hold 4-byte numbers and range visitors are unions of bitmaps.
+CREATE TABLE IF NOT EXISTS visitor_numbers (
+    num INTEGER PRIMARY KEY, site INTEGER NOT NULL, visitor BLOB NOT NULL, UNIQUE (site, visitor)
+);
+-- A sealed day of a site (`core::segment`): written once no event of the day can arrive any
+-- more, rebuilt from the raw events by verify, kept after they are pruned.
+CREATE TABLE IF NOT EXISTS segments (
+    site INTEGER NOT NULL, day INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (site, day)
+);
+";
+
 /// A v1 day text (`2026-04-01`, or `*` for all time) as a v2 day number.
 const DAY: &str = "CASE WHEN {d} = '*' THEN -1 ELSE unixepoch({d}) / 86400 END";
 
@@ -203,7 +238,7 @@ fn day(column: &str) -> String {
 }
 
 /// The step from version N to N + 1, for N = 2 up to [`VERSION`] − 1, in order.
-fn steps() -> [String; 6] {
+fn steps() -> [String; 7] {
     [
         SCHEMA_V3.to_owned(),
         SCHEMA_V4.to_owned(),
@@ -211,6 +246,7 @@ fn steps() -> [String; 6] {
         SCHEMA_V6.to_owned(),
         SCHEMA_V7.to_owned(),
         schema_v8(),
+        SCHEMA_V9.to_owned(),
     ]
 }
 

@@ -100,7 +100,16 @@ fn commit_inner(
     {
         let mut insert_event = tx.prepare_cached(
             "INSERT OR IGNORE INTO events (event_id, site, source, kind, page, name, dedupe, \
-             visitor, at_ms, day, referrer) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+             visitor, at_ms, day, referrer, src, agent) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+        )?;
+        // An engagement report keeps the largest values sent for its page view: a resend or
+        // a late, smaller report changes nothing (and is a duplicate).
+        let mut engage = tx.prepare_cached(
+            "UPDATE events SET engaged_ms = max(coalesce(engaged_ms, 0), ?3), \
+             scroll = max(coalesce(scroll, -1), coalesce(?4, -1)) \
+             WHERE event_id = ?1 AND site = ?2 AND kind = 0 \
+             AND (coalesce(engaged_ms, 0) < ?3 OR coalesce(scroll, -1) < coalesce(?4, -1))",
         )?;
         let mut visit_exists = tx.prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM visits WHERE day = ?1 AND scope = ?2 AND source = ?3 \
@@ -124,6 +133,8 @@ fn commit_inner(
         let mut deltas = Deltas::new();
         let mut event_deltas = EventDeltas::new();
         let mut referrer_deltas = ReferrerDeltas::new();
+        // (site, day)s this batch stored events of: their segments, if sealed, are stale.
+        let mut touched_days: std::collections::HashSet<(i64, i64)> = Default::default();
         for r in records {
             let day = day_num(r.day);
             if day < 0 {
@@ -133,6 +144,21 @@ fn commit_inner(
                 )));
             }
             let (kind, name, dedupe) = match &r.kind {
+                HitKind::Engagement { engaged_ms, scroll } => {
+                    let site = resolver.site(r.site.as_str())?;
+                    let changed = engage.execute(params![
+                        &r.event_id.as_bytes()[..],
+                        site,
+                        engaged_ms,
+                        scroll,
+                    ])?;
+                    outcomes.push(if changed > 0 {
+                        Outcome::Accepted
+                    } else {
+                        Outcome::Duplicate
+                    });
+                    continue;
+                }
                 HitKind::Pageview => (KIND_PAGEVIEW, None, None),
                 HitKind::Event { name, dedupe } => (
                     KIND_EVENT,
@@ -143,6 +169,14 @@ fn commit_inner(
             let site = resolver.site(r.site.as_str())?;
             let page = resolver.page(site, r.page.as_str(), day)?;
             let source = r.source.code();
+            let src = match r.dims.src.as_str() {
+                "" => None,
+                value => Some(resolver.dim(site, DIM_SOURCE, value, day)?),
+            };
+            let agent = match &*r.dims.agent {
+                "" => None,
+                value => Some(resolver.dim(site, DIM_AGENT, value, day)?),
+            };
             let visitor = &r.visitor.0;
             let keep_raw = import
                 .and_then(|o| o.raw_before_ms)
@@ -169,6 +203,8 @@ fn commit_inner(
                     r.at_ms,
                     day,
                     r.referrer,
+                    src,
+                    agent,
                 ])?
             };
             if inserted == 0 {
@@ -176,6 +212,7 @@ fn commit_inner(
                 continue;
             }
             outcomes.push(Outcome::Accepted);
+            touched_days.insert((site, day));
             if let Some(name) = name {
                 for d in [day, ALL_TIME] {
                     *event_deltas.entry((site, name.to_owned(), d)).or_default() += 1;
@@ -256,6 +293,7 @@ fn commit_inner(
         for ((site, day, host), views) in referrer_deltas {
             bump_referrer.execute(params![site, day, host, views])?;
         }
+        super::segments::unseal(&tx, &touched_days)?;
         if let Some(ms) = not_kept_until {
             // Counted without raw events: for `verify`, exactly like raw events pruned.
             tx.execute(

@@ -1,0 +1,383 @@
+//! The metric definitions, held against hand-made days.
+
+use std::collections::HashMap;
+
+use jiff::civil::{Date, date};
+
+use super::*;
+use crate::core::day::SiteZone;
+use crate::core::dims::{AgentDims, SourceDims};
+use crate::core::segment::{DayEvent, Segment, build};
+
+const MIN: i64 = 60_000;
+
+struct Dict {
+    pages: HashMap<u32, String>,
+    srcs: HashMap<u32, SourceDims>,
+    agents: HashMap<u32, AgentDims>,
+}
+
+impl Dictionary for Dict {
+    fn page(&self, id: u32) -> Option<&str> {
+        self.pages.get(&id).map(String::as_str)
+    }
+    fn source(&self, id: u32) -> Option<&SourceDims> {
+        self.srcs.get(&id)
+    }
+    fn agent(&self, id: u32) -> Option<&AgentDims> {
+        self.agents.get(&id)
+    }
+}
+
+fn dict() -> Dict {
+    let src = |source: &str, channel: &str, campaign: &str| SourceDims {
+        source: source.into(),
+        channel: channel.into(),
+        utm_campaign: campaign.into(),
+        ..SourceDims::default()
+    };
+    let agent = |browser: &str, country: &str, device: &str| AgentDims {
+        browser: browser.into(),
+        country: country.into(),
+        device: device.into(),
+        ..AgentDims::default()
+    };
+    Dict {
+        pages: [(1, "/"), (2, "/pricing"), (3, "/blog/a")]
+            .into_iter()
+            .map(|(i, p)| (i, p.to_owned()))
+            .collect(),
+        srcs: [
+            (1, src("", "Direct", "")),
+            (2, src("Hacker News", "Organic Social", "")),
+            (3, src("Google", "Organic Search", "spring")),
+        ]
+        .into_iter()
+        .collect(),
+        agents: [
+            (1, agent("Firefox", "DE", "Desktop")),
+            (2, agent("Chrome", "DE", "Mobile")),
+            (3, agent("Chrome", "US", "Desktop")),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+fn ev(visitor: u32, at_min: i64, page: u32, src: u32, agent: u32) -> DayEvent {
+    DayEvent {
+        visitor,
+        at_ms: at_min * MIN,
+        id: [0; 16],
+        name: None,
+        page,
+        src,
+        agent,
+        engaged_ms: 0,
+        scroll: None,
+    }
+}
+
+fn custom(visitor: u32, at_min: i64, page: u32, name: &str) -> DayEvent {
+    DayEvent {
+        name: Some(name.into()),
+        ..ev(visitor, at_min, page, 1, 1)
+    }
+}
+
+const DAY: Date = date(2026, 3, 2);
+
+/// Visitor 1: Hacker News on Firefox/DE, views / then /pricing (one visit), comes back 2 h
+/// later on /blog/a (a bounce). Visitor 2: Google on Chrome/DE mobile, one page view of
+/// /pricing and a `signup` event there (not a bounce). Visitor 3: direct on Chrome/US,
+/// one page view of / (a bounce).
+fn day() -> Segment {
+    let mut pricing = ev(1, 5, 2, 2, 1);
+    pricing.engaged_ms = 40_000;
+    pricing.scroll = Some(80);
+    let mut v2 = ev(2, 10, 2, 3, 2);
+    v2.engaged_ms = 20_000;
+    v2.scroll = Some(40);
+    build(
+        0,
+        vec![
+            ev(1, 0, 1, 2, 1),
+            pricing,
+            ev(1, 125, 3, 1, 1),
+            v2,
+            custom(2, 11, 2, "signup"),
+            ev(3, 30, 1, 1, 3),
+        ],
+    )
+}
+
+fn ask(metrics: &[Metric], dims: &[Dimension], filters: Vec<Filter>) -> Answer {
+    let seg = day();
+    let q = Query {
+        metrics: metrics.to_vec(),
+        dimensions: dims.to_vec(),
+        filters,
+        order_by: Vec::new(),
+        limit: 100,
+        offset: 0,
+    };
+    run(&q, DAY, DAY, &SiteZone::utc(), &[(DAY, &seg)], &dict()).expect("answers")
+}
+
+fn is(dimension: Dimension, value: &str) -> Filter {
+    Filter {
+        dimension,
+        op: Op::Is,
+        values: vec![value.into()],
+        case_sensitive: true,
+    }
+}
+
+fn ints(row: &Row) -> Vec<u64> {
+    row.metrics
+        .iter()
+        .map(|v| match v {
+            Value::Int(n) => *n,
+            Value::Float(x) => *x as u64,
+            Value::Null => u64::MAX,
+        })
+        .collect()
+}
+
+#[test]
+fn totals_follow_the_definitions() {
+    use Metric::*;
+    let a = ask(
+        &[
+            Visitors,
+            Visits,
+            Pageviews,
+            Events,
+            BounceRate,
+            VisitDuration,
+            ViewsPerVisit,
+        ],
+        &[],
+        vec![],
+    );
+    assert_eq!(a.rows.len(), 1);
+    // 4 visits: v1 (2 views, 5 min), v1 again (bounce), v2 (view + event: not a bounce), v3
+    // (bounce). Duration: (300 + 0 + 60 + 0) / 4 = 90 s. Views per visit: 5 / 4 = 1.25.
+    assert_eq!(
+        a.rows[0].metrics[..6],
+        [
+            Value::Int(3),
+            Value::Int(4),
+            Value::Int(5),
+            Value::Int(6),
+            Value::Float(50.0),
+            Value::Int(90),
+        ]
+    );
+    assert_eq!(a.rows[0].metrics[6], Value::Float(1.25));
+}
+
+#[test]
+fn breakdowns_by_visit_dimensions_count_visitors_once_per_row() {
+    let a = ask(
+        &[Metric::Visitors, Metric::Visits],
+        &[Dimension::Visit(VisitDim::Browser)],
+        vec![],
+    );
+    let got: Vec<(String, Vec<u64>)> = a
+        .rows
+        .iter()
+        .map(|r| (r.dimensions[0].clone(), ints(r)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("Chrome".to_owned(), vec![2, 2]),
+            ("Firefox".to_owned(), vec![1, 2]),
+        ]
+    );
+    let a = ask(
+        &[Metric::Visits],
+        &[Dimension::Visit(VisitDim::Source)],
+        vec![],
+    );
+    let labels: Vec<&str> = a.rows.iter().map(|r| r.dimensions[0].as_str()).collect();
+    assert!(labels.contains(&"Direct / None"), "{labels:?}");
+}
+
+#[test]
+fn filters_combine_with_and_across_dimensions() {
+    let de_chrome = ask(
+        &[Metric::Visitors, Metric::Pageviews],
+        &[],
+        vec![
+            is(Dimension::Visit(VisitDim::Country), "DE"),
+            is(Dimension::Visit(VisitDim::Browser), "Chrome"),
+        ],
+    );
+    assert_eq!(ints(&de_chrome.rows[0]), vec![1, 1]);
+    let not_de = ask(
+        &[Metric::Visitors],
+        &[],
+        vec![Filter {
+            op: Op::IsNot,
+            ..is(Dimension::Visit(VisitDim::Country), "DE")
+        }],
+    );
+    assert_eq!(ints(&not_de.rows[0]), vec![1]);
+    let contains = ask(
+        &[Metric::Visits],
+        &[],
+        vec![Filter {
+            op: Op::Contains,
+            case_sensitive: false,
+            ..is(Dimension::Visit(VisitDim::Source), "hacker")
+        }],
+    );
+    assert_eq!(
+        ints(&contains.rows[0]),
+        vec![1],
+        "the first visit only: the second is direct"
+    );
+}
+
+#[test]
+fn event_filters_keep_visits_with_a_matching_event() {
+    use Metric::*;
+    let a = ask(
+        &[Visitors, Visits, Pageviews, BounceRate],
+        &[],
+        vec![is(Dimension::Page, "/pricing")],
+    );
+    // Visits with a /pricing view: v1's first and v2's; page views of /pricing: 2. Bounce rate
+    // counts visits that entered on /pricing: v2 only, not a bounce.
+    assert_eq!(ints(&a.rows[0]), vec![2, 2, 2, 0]);
+    let signups = ask(
+        &[Visitors, Events],
+        &[],
+        vec![is(Dimension::Name, "signup")],
+    );
+    assert_eq!(ints(&signups.rows[0]), vec![1, 1]);
+    let views = ask(&[Events], &[], vec![is(Dimension::Name, "pageview")]);
+    assert_eq!(ints(&views.rows[0]), vec![5]);
+}
+
+#[test]
+fn page_breakdowns_carry_engagement_and_entry_based_bounces() {
+    use Metric::*;
+    let a = ask(
+        &[
+            Visitors,
+            Visits,
+            Pageviews,
+            BounceRate,
+            TimeOnPage,
+            ScrollDepth,
+        ],
+        &[Dimension::Page],
+        vec![],
+    );
+    let pricing = a
+        .rows
+        .iter()
+        .find(|r| r.dimensions[0] == "/pricing")
+        .expect("row");
+    // Two visits viewed it; (40 s + 20 s) / 2 visits = 30 s; scroll (80 + 40) / 2 = 60.
+    // Only v2 entered on it, not a bounce.
+    assert_eq!(
+        pricing.metrics,
+        vec![
+            Value::Int(2),
+            Value::Int(2),
+            Value::Int(2),
+            Value::Float(0.0),
+            Value::Int(30),
+            Value::Int(60),
+        ]
+    );
+    let home = a.rows.iter().find(|r| r.dimensions[0] == "/").expect("row");
+    // Entered twice (v1, v3): v1 went on, v3 bounced → 50 %; no engagement → null.
+    assert_eq!(home.metrics[3], Value::Float(50.0));
+    assert_eq!(home.metrics[4], Value::Null);
+}
+
+#[test]
+fn invalid_combinations_are_refused_with_a_reason() {
+    let seg = day();
+    let q = Query {
+        metrics: vec![Metric::TimeOnPage],
+        dimensions: vec![],
+        filters: vec![],
+        order_by: vec![],
+        limit: 10,
+        offset: 0,
+    };
+    let err = run(&q, DAY, DAY, &SiteZone::utc(), &[(DAY, &seg)], &dict()).expect_err("refused");
+    assert!(err.0.contains("event:page"), "{err}");
+    let q = Query {
+        metrics: vec![Metric::BounceRate],
+        dimensions: vec![Dimension::Name],
+        ..q
+    };
+    assert!(run(&q, DAY, DAY, &SiteZone::utc(), &[(DAY, &seg)], &dict()).is_err());
+}
+
+#[test]
+fn distinct_visitors_hold_across_days_and_time_rows_fill_in_order() {
+    let day2 = date(2026, 3, 3);
+    let seg1 = day();
+    let seg2 = build(
+        86_400_000,
+        vec![ev(1, 1440 + 3, 1, 1, 1), ev(9, 1440 + 4, 1, 1, 1)],
+    );
+    let q = Query {
+        metrics: vec![Metric::Visitors],
+        dimensions: vec![],
+        filters: vec![],
+        order_by: vec![],
+        limit: 10,
+        offset: 0,
+    };
+    let segs = [(DAY, &seg1), (day2, &seg2)];
+    let a = run(&q, DAY, day2, &SiteZone::utc(), &segs, &dict()).expect("answers");
+    assert_eq!(
+        a.rows[0].metrics,
+        vec![Value::Int(4)],
+        "visitor 1 came both days"
+    );
+    let q = Query {
+        dimensions: vec![Dimension::Time(Grain::Day)],
+        ..q
+    };
+    let a = run(&q, DAY, day2, &SiteZone::utc(), &segs, &dict()).expect("answers");
+    let rows: Vec<(&str, Value)> = a
+        .rows
+        .iter()
+        .map(|r| (r.dimensions[0].as_str(), r.metrics[0]))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![("2026-03-02", Value::Int(3)), ("2026-03-03", Value::Int(2))]
+    );
+    assert_eq!(a.time_labels, vec!["2026-03-02", "2026-03-03"]);
+}
+
+#[test]
+fn hours_are_local_and_pagination_counts_all_rows() {
+    let zone = SiteZone::parse("Europe/Berlin").expect("zone");
+    // Local midnight in Berlin (winter, UTC+1) is 23:00 UTC the day before.
+    let start = -3_600_000;
+    let seg = build(start, vec![ev(1, 0, 1, 1, 1), ev(2, 61, 1, 1, 1)]);
+    let q = Query {
+        metrics: vec![Metric::Pageviews],
+        dimensions: vec![Dimension::Time(Grain::Hour)],
+        filters: vec![],
+        order_by: vec![],
+        limit: 1,
+        offset: 1,
+    };
+    let day = date(1970, 1, 1);
+    let a = run(&q, day, day, &zone, &[(day, &seg)], &dict()).expect("answers");
+    assert_eq!(a.total_rows, 2);
+    assert_eq!(a.rows[0].dimensions, vec!["1970-01-01 02:00:00".to_owned()]);
+}

@@ -1,0 +1,356 @@
+//! Day segments on PostgreSQL (see [`crate::store::SegmentSource`]), as on SQLite, with one
+//! difference in how a seal and a write to the same day are kept apart: several collectors
+//! write at once, so a seal runs in ONE transaction holding the day's advisory lock, which
+//! every import batch takes for each (site, day) it writes (live batches never write a day
+//! old enough to be sealed). Whatever adds events to a sealed day deletes its segment in its
+//! own transaction and raises the generation.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use deadpool_postgres::GenericClient;
+
+use super::read::snapshot;
+use super::{Fail, PgStore, day_num};
+use crate::core::ids::SiteId;
+use crate::core::segment::{self, DayEvent};
+use crate::store::{DictionaryRows, SegmentInput, StoreError, TEMP_NUMBERS};
+
+/// The advisory lock of one site's day (`$1` = site id, `$2` = day): a seal holds it, and an
+/// import batch holds it for every day it writes.
+pub(super) const DAY_LOCK: &str = "hashtextextended(current_schema() || ':day:' || ($1::int8)::text || ':' || ($2::int4)::text, 0)";
+
+/// Raise the segment generation (run in the transaction that deletes or rewrites segments).
+pub(super) const BUMP_SEGMENTS: &str = "INSERT INTO meta (key, value) VALUES ('segment_generation', 1) \
+     ON CONFLICT (key) DO UPDATE SET value = meta.value + 1";
+
+async fn site_id(client: &impl GenericClient, site: &str) -> Result<Option<i64>, Fail> {
+    let stmt = client
+        .prepare_cached("SELECT id FROM site_keys WHERE name = $1")
+        .await?;
+    Ok(client.query_opt(&stmt, &[&site]).await?.map(|r| r.get(0)))
+}
+
+fn u32_of(n: i64, what: &str) -> Result<u32, Fail> {
+    u32::try_from(n)
+        .map_err(|_| Fail::Store(StoreError::Invalid(format!("{what} {n} is out of range"))))
+}
+
+struct RawEvent {
+    day: i32,
+    visitor: [u8; 16],
+    event: DayEvent,
+}
+
+/// The raw web events of `site` on the local days `from..=to`.
+async fn raw_events(
+    client: &impl GenericClient,
+    site: i64,
+    from: i32,
+    to: i32,
+) -> Result<Vec<RawEvent>, Fail> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT event_id, kind, page, name, visitor, at_ms, day, src, agent, engaged_ms, \
+             scroll FROM events WHERE site = $1 AND day BETWEEN $2 AND $3 AND source = 0",
+        )
+        .await?;
+    let mut out = Vec::new();
+    for row in client.query(&stmt, &[&site, &from, &to]).await? {
+        let id: uuid::Uuid = row.get(0);
+        let kind: i16 = row.get(1);
+        let visitor: &[u8] = row.get(4);
+        let Ok(visitor) = <[u8; 16]>::try_from(visitor) else {
+            continue;
+        };
+        let scroll: Option<i16> = row.get(10);
+        out.push(RawEvent {
+            day: row.get(6),
+            visitor,
+            event: DayEvent {
+                visitor: 0,
+                at_ms: row.get(5),
+                id: *id.as_bytes(),
+                name: if kind == super::KIND_EVENT {
+                    row.get(3)
+                } else {
+                    None
+                },
+                page: u32_of(row.get(2), "page id")?,
+                src: u32_of(row.get::<_, Option<i64>>(7).unwrap_or(0), "source id")?,
+                agent: u32_of(row.get::<_, Option<i64>>(8).unwrap_or(0), "agent id")?,
+                engaged_ms: u32::try_from(row.get::<_, Option<i64>>(9).unwrap_or(0).max(0))
+                    .unwrap_or(u32::MAX),
+                scroll: scroll.and_then(|s| u8::try_from(s).ok()),
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// The stored numbers of `keys`.
+async fn stored_numbers(
+    client: &impl GenericClient,
+    site: i64,
+    keys: &HashSet<[u8; 16]>,
+) -> Result<HashMap<[u8; 16], u32>, Fail> {
+    let list: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let stmt = client
+        .prepare_cached(
+            "SELECT visitor, num FROM visitor_numbers WHERE site = $1 AND visitor = ANY($2)",
+        )
+        .await?;
+    let mut out = HashMap::with_capacity(keys.len());
+    for row in client.query(&stmt, &[&site, &list]).await? {
+        let key: &[u8] = row.get(0);
+        if let Ok(key) = <[u8; 16]>::try_from(key) {
+            out.insert(key, u32_of(row.get(1), "visitor number")?);
+        }
+    }
+    Ok(out)
+}
+
+pub(super) async fn read_input(
+    store: &PgStore,
+    site: &str,
+    from: i32,
+    to: i32,
+    have: Option<(i64, Vec<i32>)>,
+) -> Result<SegmentInput, Fail> {
+    let mut client = store.client().await?;
+    let tx = snapshot(&mut client).await?;
+    let mut input = SegmentInput::default();
+    let Some(site) = site_id(&tx, site).await? else {
+        return Ok(input);
+    };
+    input.generation = tx
+        .query_one(
+            "SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = 'segment_generation'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let held: HashSet<i32> = match have {
+        Some((generation, days)) if generation == input.generation => days.into_iter().collect(),
+        _ => HashSet::new(),
+    };
+    let held_list: Vec<i32> = held.iter().copied().collect();
+    let stmt = tx
+        .prepare_cached(
+            "SELECT day, CASE WHEN day = ANY($4) THEN NULL ELSE data END FROM segments \
+             WHERE site = $1 AND day BETWEEN $2 AND $3 ORDER BY day",
+        )
+        .await?;
+    let mut sealed = HashSet::new();
+    for row in tx.query(&stmt, &[&site, &from, &to, &held_list]).await? {
+        let day: i32 = row.get(0);
+        sealed.insert(day);
+        input
+            .sealed
+            .push((super::num_day(day).map_err(Fail::Store)?, row.get(1)));
+    }
+    let mut raw = Vec::new();
+    let mut day = from;
+    while day <= to {
+        if sealed.contains(&day) {
+            day += 1;
+            continue;
+        }
+        let start = day;
+        while day <= to && !sealed.contains(&day) {
+            day += 1;
+        }
+        raw.extend(raw_events(&tx, site, start, day - 1).await?);
+    }
+    let keys: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
+    let mut known = stored_numbers(&tx, site, &keys).await?;
+    tx.commit().await?;
+    let mut next = TEMP_NUMBERS;
+    let mut by_day: BTreeMap<i32, Vec<DayEvent>> = BTreeMap::new();
+    for mut e in raw {
+        e.event.visitor = *known.entry(e.visitor).or_insert_with(|| {
+            next += 1;
+            next - 1
+        });
+        by_day.entry(e.day).or_default().push(e.event);
+    }
+    for (day, events) in by_day {
+        input
+            .open
+            .push((super::num_day(day).map_err(Fail::Store)?, events));
+    }
+    Ok(input)
+}
+
+pub(super) async fn read_dictionary(
+    store: &PgStore,
+    site: &str,
+    pages: Vec<u32>,
+    dims: Vec<u32>,
+) -> Result<DictionaryRows, Fail> {
+    let client = store.client().await?;
+    let mut out = DictionaryRows::default();
+    let Some(site) = site_id(&client, site).await? else {
+        return Ok(out);
+    };
+    let pages: Vec<i64> = pages.into_iter().map(i64::from).collect();
+    let dims: Vec<i64> = dims.into_iter().map(i64::from).collect();
+    for row in client
+        .query(
+            "SELECT id, path FROM pages WHERE site = $1 AND id = ANY($2)",
+            &[&site, &pages],
+        )
+        .await?
+    {
+        out.pages.push((u32_of(row.get(0), "page id")?, row.get(1)));
+    }
+    for row in client
+        .query(
+            "SELECT id, kind, value FROM dims WHERE site = $1 AND id = ANY($2)",
+            &[&site, &dims],
+        )
+        .await?
+    {
+        let kind: i16 = row.get(1);
+        out.dims.push((
+            u32_of(row.get(0), "dimension id")?,
+            i64::from(kind),
+            row.get(2),
+        ));
+    }
+    Ok(out)
+}
+
+pub(super) async fn read_unsealed(
+    store: &PgStore,
+    site: &str,
+    through: i32,
+    limit: u32,
+) -> Result<Vec<i32>, Fail> {
+    let client = store.client().await?;
+    let Some(site) = site_id(&client, site).await? else {
+        return Ok(Vec::new());
+    };
+    let pruned: Option<i64> = client
+        .query_opt("SELECT value FROM meta WHERE key = 'pruned_before_ms'", &[])
+        .await?
+        .map(|r| r.get(0));
+    let first = pruned.map_or(0, |ms| (ms.div_euclid(86_400_000) + 2) as i32);
+    let rows = client
+        .query(
+            "SELECT day FROM ( \
+                 SELECT c.day FROM counters c JOIN pages p ON p.site = c.site AND p.id = c.scope \
+                 WHERE c.site = $1 AND p.path = '' AND c.source = 0 AND c.day BETWEEN $2 AND $3 \
+                 UNION SELECT day FROM event_counters WHERE site = $1 AND day BETWEEN $2 AND $3 \
+             ) d WHERE NOT EXISTS (SELECT 1 FROM segments s WHERE s.site = $1 AND s.day = d.day) \
+             ORDER BY day LIMIT $4",
+            &[&site, &first, &through, &i64::from(limit)],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Seal one day in one transaction under its advisory lock.
+pub(super) async fn seal_day(
+    store: &PgStore,
+    site: &SiteId,
+    day: i32,
+    day_start_ms: i64,
+) -> Result<bool, Fail> {
+    let mut client = store.client().await?;
+    let tx = client.transaction().await?;
+    let Some(site) = site_id(&tx, site.as_str()).await? else {
+        return Ok(false);
+    };
+    tx.execute(
+        &format!("SELECT pg_advisory_xact_lock({DAY_LOCK})"),
+        &[&site, &day],
+    )
+    .await?;
+    let sealed: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM segments WHERE site = $1 AND day = $2)",
+            &[&site, &day],
+        )
+        .await?
+        .get(0);
+    if sealed {
+        return Ok(false);
+    }
+    let raw = raw_events(&tx, site, day, day).await?;
+    let mut keys: Vec<&[u8]> = raw.iter().map(|e| &e.visitor[..]).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    tx.execute(
+        "INSERT INTO visitor_numbers (site, visitor) SELECT $1, v FROM unnest($2::bytea[]) v \
+         ORDER BY v ON CONFLICT DO NOTHING",
+        &[&site, &keys],
+    )
+    .await?;
+    let set: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
+    let known = stored_numbers(&tx, site, &set).await?;
+    let events: Vec<DayEvent> = raw
+        .into_iter()
+        .map(|mut e| {
+            e.event.visitor = known.get(&e.visitor).copied().unwrap_or(0);
+            e.event
+        })
+        .collect();
+    let bytes = segment::build(day_start_ms, events).encode();
+    let stored = tx
+        .execute(
+            "INSERT INTO segments (site, day, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            &[&site, &day, &bytes],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(stored > 0)
+}
+
+/// In a batch's transaction: take the day locks of the days an import batch writes (sorted),
+/// so no seal of those days runs across it.
+pub(super) async fn lock_days(
+    tx: &deadpool_postgres::Transaction<'_>,
+    days: &[(i64, i32)],
+) -> Result<(), Fail> {
+    if days.is_empty() {
+        return Ok(());
+    }
+    let (s, d): (Vec<i64>, Vec<i32>) = days.iter().copied().unzip();
+    let lock = DAY_LOCK.replace("$1", "x.s").replace("$2", "x.d");
+    tx.execute(
+        &format!(
+            "SELECT pg_advisory_xact_lock({lock}) FROM unnest($1::int8[], $2::int4[]) AS x(s, d) \
+             ORDER BY x.s, x.d"
+        ),
+        &[&s, &d],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Delete the segments of the (site, day)s a batch wrote; raise the generation if any was.
+pub(super) async fn unseal(
+    tx: &deadpool_postgres::Transaction<'_>,
+    days: &[(i64, i32)],
+) -> Result<(), Fail> {
+    if days.is_empty() {
+        return Ok(());
+    }
+    let (s, d): (Vec<i64>, Vec<i32>) = days.iter().copied().unzip();
+    let deleted = tx
+        .execute(
+            "DELETE FROM segments WHERE (site, day) IN \
+             (SELECT * FROM unnest($1::int8[], $2::int4[]))",
+            &[&s, &d],
+        )
+        .await?;
+    if deleted > 0 {
+        tx.batch_execute(BUMP_SEGMENTS).await?;
+    }
+    Ok(())
+}
+
+/// Day numbers of the store for a read.
+pub(super) fn days(from: jiff::civil::Date, to: jiff::civil::Date) -> (i32, i32) {
+    (day_num(from), day_num(to))
+}

@@ -1,0 +1,461 @@
+//! Day segments on SQLite (see [`crate::store::SegmentSource`]): the analytics' reads, the
+//! seal of a finished day, and what a batch does to the segment of a day it adds to.
+//!
+//! - A read is one read transaction: the segment generation, the sealed days of the range
+//!   (bytes only for days the caller does not hold), and the raw web events of the other days
+//!   with their visitor numbers (stored ones, else numbers of that read).
+//! - A seal reads the day in a read transaction, then, in a short write transaction, checks
+//!   that the day's counters still say what they said (a batch that added to the day since
+//!   changed them), numbers the new visitor keys, and stores the segment built from what it
+//!   read. The read and the build stay off the write lock.
+//! - A batch that stores an event of a sealed day deletes the day's segment and raises the
+//!   generation in its own transaction (only imports can: live events are younger than any
+//!   sealed day).
+
+use std::collections::{HashMap, HashSet};
+
+use super::*;
+use crate::core::segment::{self, DayEvent};
+use crate::store::{DictionaryRows, SegmentInput, TEMP_NUMBERS};
+
+/// Raise the segment generation (run in the transaction that deletes or rewrites segments).
+pub(super) const BUMP_SEGMENTS: &str = "INSERT INTO meta (key, value) VALUES ('segment_generation', 1) \
+     ON CONFLICT (key) DO UPDATE SET value = meta.value + 1";
+
+/// Visitor numbers kept per generation of [`Numbers`] (two generations).
+const NUMBERS_PER_GENERATION: usize = 262_144;
+
+/// Stored visitor numbers this store has looked up or assigned (they never change), in two
+/// generations so the keys in use stay.
+#[derive(Default)]
+pub(super) struct Numbers {
+    young: HashMap<(i64, [u8; 16]), u32>,
+    old: HashMap<(i64, [u8; 16]), u32>,
+}
+
+impl Numbers {
+    fn get(&self, site: i64, key: &[u8; 16]) -> Option<u32> {
+        self.young
+            .get(&(site, *key))
+            .or_else(|| self.old.get(&(site, *key)))
+            .copied()
+    }
+
+    fn insert(&mut self, site: i64, key: [u8; 16], num: u32) {
+        if self.young.len() >= NUMBERS_PER_GENERATION {
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert((site, key), num);
+    }
+}
+
+/// One raw web event of a day, before its visitor is numbered.
+struct RawEvent {
+    day: i64,
+    visitor: [u8; 16],
+    event: DayEvent,
+}
+
+fn site_id(conn: &Connection, site: &str) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT id FROM site_keys WHERE name = ?1")?
+        .query_row([site], |r| r.get(0))
+        .optional()?)
+}
+
+fn generation(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = 'segment_generation'",
+        )?
+        .query_row([], |r| r.get(0))?)
+}
+
+fn u32_of(n: i64, what: &str) -> Result<u32, StoreError> {
+    u32::try_from(n).map_err(|_| StoreError::Invalid(format!("{what} {n} is out of range")))
+}
+
+/// The raw web events of `site` on the local days `from..=to` (all of them), in key order.
+fn raw_events(
+    conn: &Connection,
+    site: i64,
+    from: i64,
+    to: i64,
+) -> Result<Vec<RawEvent>, StoreError> {
+    let (lo, hi) = event_id_range(from, to);
+    let mut stmt = conn.prepare_cached(
+        "SELECT event_id, kind, page, name, visitor, at_ms, day, src, agent, engaged_ms, scroll \
+         FROM events WHERE event_id >= ?1 AND event_id < ?2 AND site = ?3 AND source = 0 \
+         AND day BETWEEN ?4 AND ?5",
+    )?;
+    let mut rows = stmt.query(params![&lo[..], &hi[..], site, from, to])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let id: Vec<u8> = row.get(0)?;
+        let kind: i64 = row.get(1)?;
+        let visitor: Vec<u8> = row.get(4)?;
+        let (Ok(id), Ok(visitor)) = (<[u8; 16]>::try_from(id), <[u8; 16]>::try_from(visitor))
+        else {
+            // Only a first-release file could hold other lengths; such events are not visits.
+            continue;
+        };
+        let scroll: Option<i64> = row.get(10)?;
+        out.push(RawEvent {
+            day: row.get(6)?,
+            visitor,
+            event: DayEvent {
+                visitor: 0,
+                at_ms: row.get(5)?,
+                id,
+                name: if kind == KIND_EVENT {
+                    row.get(3)?
+                } else {
+                    None
+                },
+                page: u32_of(row.get(2)?, "page id")?,
+                src: u32_of(row.get::<_, Option<i64>>(7)?.unwrap_or(0), "source id")?,
+                agent: u32_of(row.get::<_, Option<i64>>(8)?.unwrap_or(0), "agent id")?,
+                engaged_ms: u32::try_from(row.get::<_, Option<i64>>(9)?.unwrap_or(0).max(0))
+                    .unwrap_or(u32::MAX),
+                scroll: scroll.and_then(|s| u8::try_from(s).ok()),
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// The stored number of each key (looked up in `cache`, then the table); keys without one
+/// are left out.
+fn stored_numbers(
+    conn: &Connection,
+    cache: &Mutex<Numbers>,
+    site: i64,
+    keys: &HashSet<[u8; 16]>,
+) -> Result<HashMap<[u8; 16], u32>, StoreError> {
+    let mut out = HashMap::with_capacity(keys.len());
+    let mut missing = Vec::new();
+    {
+        let cache = cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for key in keys {
+            match cache.get(site, key) {
+                Some(n) => {
+                    out.insert(*key, n);
+                }
+                None => missing.push(*key),
+            }
+        }
+    }
+    let mut stmt =
+        conn.prepare_cached("SELECT num FROM visitor_numbers WHERE site = ?1 AND visitor = ?2")?;
+    let mut found = Vec::new();
+    for key in missing {
+        if let Some(num) = stmt
+            .query_row(params![site, &key[..]], |r| r.get::<_, i64>(0))
+            .optional()?
+        {
+            let num = u32_of(num, "visitor number")?;
+            out.insert(key, num);
+            found.push((key, num));
+        }
+    }
+    let mut cache = cache
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (key, num) in found {
+        cache.insert(site, key, num);
+    }
+    Ok(out)
+}
+
+/// The read of [`crate::store::SegmentSource::segment_input`]; run it in a `snapshot`.
+pub(super) fn read_input(
+    conn: &Connection,
+    numbers: &Mutex<Numbers>,
+    site: &str,
+    from: i64,
+    to: i64,
+    have: Option<(i64, Vec<i64>)>,
+) -> Result<SegmentInput, StoreError> {
+    let mut input = SegmentInput::default();
+    let Some(site) = site_id(conn, site)? else {
+        return Ok(input);
+    };
+    input.generation = generation(conn)?;
+    let held: HashSet<i64> = match have {
+        Some((generation, days)) if generation == input.generation => days.into_iter().collect(),
+        _ => HashSet::new(),
+    };
+    let mut sealed_days = HashSet::new();
+    {
+        let mut days = conn.prepare_cached(
+            "SELECT day FROM segments WHERE site = ?1 AND day BETWEEN ?2 AND ?3 ORDER BY day",
+        )?;
+        let mut blob =
+            conn.prepare_cached("SELECT data FROM segments WHERE site = ?1 AND day = ?2")?;
+        let list: Vec<i64> = days
+            .query_map(params![site, from, to], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for day in list {
+            let data = if held.contains(&day) {
+                None
+            } else {
+                Some(blob.query_row(params![site, day], |r| r.get::<_, Vec<u8>>(0))?)
+            };
+            sealed_days.insert(day);
+            input.sealed.push((num_day(day)?, data));
+        }
+    }
+    // The open days, read in runs of consecutive days between sealed ones.
+    let mut raw = Vec::new();
+    let mut day = from;
+    while day <= to {
+        if sealed_days.contains(&day) {
+            day += 1;
+            continue;
+        }
+        let start = day;
+        while day <= to && !sealed_days.contains(&day) {
+            day += 1;
+        }
+        raw.extend(raw_events(conn, site, start, day - 1)?);
+    }
+    let keys: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
+    let mut known = stored_numbers(conn, numbers, site, &keys)?;
+    let mut next = TEMP_NUMBERS;
+    let mut by_day: std::collections::BTreeMap<i64, Vec<DayEvent>> = Default::default();
+    for mut e in raw {
+        e.event.visitor = *known.entry(e.visitor).or_insert_with(|| {
+            next += 1;
+            next - 1
+        });
+        by_day.entry(e.day).or_default().push(e.event);
+    }
+    for (day, events) in by_day {
+        input.open.push((num_day(day)?, events));
+    }
+    Ok(input)
+}
+
+/// Dictionary rows of `site` for the given ids.
+pub(super) fn read_dictionary(
+    conn: &Connection,
+    site: &str,
+    pages: &[u32],
+    dims: &[u32],
+) -> Result<DictionaryRows, StoreError> {
+    let mut out = DictionaryRows::default();
+    let Some(site) = site_id(conn, site)? else {
+        return Ok(out);
+    };
+    let mut page = conn.prepare_cached("SELECT path FROM pages WHERE id = ?1 AND site = ?2")?;
+    for &id in pages {
+        if let Some(path) = page
+            .query_row(params![id, site], |r| r.get::<_, String>(0))
+            .optional()?
+        {
+            out.pages.push((id, path));
+        }
+    }
+    let mut dim =
+        conn.prepare_cached("SELECT kind, value FROM dims WHERE id = ?1 AND site = ?2")?;
+    for &id in dims {
+        if let Some((kind, value)) = dim
+            .query_row(params![id, site], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })
+            .optional()?
+        {
+            out.dims.push((id, kind, value));
+        }
+    }
+    Ok(out)
+}
+
+/// Days of `site` up to `through` with web page views or custom events and no segment, after
+/// the raw-event prune marker (a pruned day cannot be rebuilt), oldest first.
+pub(super) fn read_unsealed(
+    conn: &Connection,
+    site: &str,
+    through: i64,
+    limit: u32,
+) -> Result<Vec<i64>, StoreError> {
+    let Some(site) = site_id(conn, site)? else {
+        return Ok(Vec::new());
+    };
+    let pruned: Option<i64> = conn
+        .prepare_cached("SELECT value FROM meta WHERE key = 'pruned_before_ms'")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    // A day may start up to 26 h before its UTC date (see `event_id_range`): only days
+    // entirely after the marker are complete.
+    let first = pruned.map_or(0, |ms| {
+        utc_day_num(jiff::Timestamp::from_millisecond(ms).unwrap_or_default()) + 2
+    });
+    let mut stmt = conn.prepare_cached(
+        "SELECT day FROM ( \
+             SELECT c.day FROM counters c JOIN pages p ON p.id = c.scope \
+             WHERE p.site = ?1 AND p.path = '' AND c.source = 0 AND c.day BETWEEN ?2 AND ?3 \
+             UNION SELECT day FROM event_counters WHERE site = ?1 AND day BETWEEN ?2 AND ?3 \
+         ) d WHERE NOT EXISTS (SELECT 1 FROM segments s WHERE s.site = ?1 AND s.day = d.day) \
+         ORDER BY day LIMIT ?4",
+    )?;
+    let days = stmt
+        .query_map(params![site, first, through, limit], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(days)
+}
+
+/// What the counters say of a day: its web page views and its custom events. A batch that
+/// adds to the day changes it in the same transaction.
+fn day_stamp(conn: &Connection, site: i64, day: i64) -> Result<(i64, i64), StoreError> {
+    let views: i64 = conn
+        .prepare_cached(
+            "SELECT COALESCE(SUM(c.views), 0) FROM counters c JOIN pages p ON p.id = c.scope \
+             WHERE p.site = ?1 AND p.path = '' AND c.source = 0 AND c.day = ?2",
+        )?
+        .query_row([site, day], |r| r.get(0))?;
+    let events: i64 = conn
+        .prepare_cached(
+            "SELECT COALESCE(SUM(count), 0) FROM event_counters WHERE site = ?1 AND day = ?2",
+        )?
+        .query_row([site, day], |r| r.get(0))?;
+    Ok((views, events))
+}
+
+/// What a seal read: the day's events with their keys, the numbers already stored, the stamp.
+pub(super) struct SealRead {
+    site: i64,
+    day: i64,
+    stamp: (i64, i64),
+    raw: Vec<RawEvent>,
+    known: HashMap<[u8; 16], u32>,
+}
+
+/// The read half of a seal (in a `snapshot`): `None` when the day is sealed already or the
+/// site unknown.
+pub(super) fn seal_read(
+    conn: &Connection,
+    numbers: &Mutex<Numbers>,
+    site: &str,
+    day: i64,
+) -> Result<Option<SealRead>, StoreError> {
+    let Some(site) = site_id(conn, site)? else {
+        return Ok(None);
+    };
+    let sealed: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM segments WHERE site = ?1 AND day = ?2)")?
+        .query_row([site, day], |r| r.get(0))?;
+    if sealed {
+        return Ok(None);
+    }
+    let stamp = day_stamp(conn, site, day)?;
+    let raw = raw_events(conn, site, day, day)?;
+    let keys: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
+    let known = stored_numbers(conn, numbers, site, &keys)?;
+    Ok(Some(SealRead {
+        site,
+        day,
+        stamp,
+        raw,
+        known,
+    }))
+}
+
+/// Visitor numbers a seal assigned: (key, number).
+pub(super) type Assigned = Vec<([u8; 16], u32)>;
+
+/// The write half of a seal, in the writer's transaction: whether the segment was stored.
+/// Returns the numbers it assigned, for the cache once committed.
+pub(super) fn seal_write(
+    tx: &Connection,
+    read: SealRead,
+    day_start_ms: i64,
+) -> Result<Option<Assigned>, StoreError> {
+    let SealRead {
+        site,
+        day,
+        stamp,
+        raw,
+        mut known,
+    } = read;
+    let sealed: bool = tx
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM segments WHERE site = ?1 AND day = ?2)")?
+        .query_row([site, day], |r| r.get(0))?;
+    if sealed || day_stamp(tx, site, day)? != stamp {
+        return Ok(None);
+    }
+    let mut assigned = Vec::new();
+    {
+        let mut insert =
+            tx.prepare_cached("INSERT INTO visitor_numbers (site, visitor) VALUES (?1, ?2)")?;
+        let mut find =
+            tx.prepare_cached("SELECT num FROM visitor_numbers WHERE site = ?1 AND visitor = ?2")?;
+        for e in &raw {
+            if known.contains_key(&e.visitor) {
+                continue;
+            }
+            // Another store on the file may have numbered it since the read.
+            let num = match find
+                .query_row(params![site, &e.visitor[..]], |r| r.get::<_, i64>(0))
+                .optional()?
+            {
+                Some(num) => num,
+                None => {
+                    insert.execute(params![site, &e.visitor[..]])?;
+                    tx.last_insert_rowid()
+                }
+            };
+            let num = u32_of(num, "visitor number")?;
+            if num >= TEMP_NUMBERS {
+                return Err(StoreError::Invalid(
+                    "visitor numbers are used up (2^31 per database)".into(),
+                ));
+            }
+            known.insert(e.visitor, num);
+            assigned.push((e.visitor, num));
+        }
+    }
+    let events: Vec<DayEvent> = raw
+        .into_iter()
+        .map(|mut e| {
+            e.event.visitor = known.get(&e.visitor).copied().unwrap_or(0);
+            e.event
+        })
+        .collect();
+    let bytes = segment::build(day_start_ms, events).encode();
+    tx.prepare_cached("INSERT INTO segments (site, day, data) VALUES (?1, ?2, ?3)")?
+        .execute(params![site, day, bytes])?;
+    Ok(Some(assigned))
+}
+
+/// Delete the segments of the (site, day)s a batch added events to; raises the generation when
+/// one was deleted. Run in the batch's transaction.
+pub(super) fn unseal(tx: &Connection, days: &HashSet<(i64, i64)>) -> Result<(), StoreError> {
+    let mut deleted = 0;
+    let mut stmt = tx.prepare_cached("DELETE FROM segments WHERE site = ?1 AND day = ?2")?;
+    for (site, day) in days {
+        deleted += stmt.execute([site, day])?;
+    }
+    if deleted > 0 {
+        tx.execute_batch(BUMP_SEGMENTS)?;
+    }
+    Ok(())
+}
+
+/// Record committed numbers in the cache.
+pub(super) fn remember(numbers: &Mutex<Numbers>, site: i64, assigned: Vec<([u8; 16], u32)>) {
+    let mut cache = numbers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (key, num) in assigned {
+        cache.insert(site, key, num);
+    }
+}
+
+impl SealRead {
+    pub(super) fn site(&self) -> i64 {
+        self.site
+    }
+}

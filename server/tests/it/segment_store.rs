@@ -1,0 +1,492 @@
+//! The analytics part of the store ([`SegmentSource`] and the [`Analytics`] over it), checked
+//! on every backend with the conformance suite's harnesses: dimension tuples and engagement
+//! stored with the events, open days read from raw events, seals, imports that unseal, the
+//! tuple cap, and answers that stay exact across sealed and open days.
+
+use std::sync::Arc;
+
+use jiff::civil::{Date, date};
+use tally::core::day::SiteZone;
+use tally::core::dims::{AgentDims, SourceDims};
+use tally::core::hit::HitKind;
+use tally::core::ids::{EventId, PagePath, SiteId, VisitorKey};
+use tally::core::query::{Dimension, Filter, Metric, Op, Query, Value, VisitDim};
+use tally::core::record::{Dims, Outcome, Record, Source};
+use tally::core::segment::{self, Segment};
+use tally::store::analytics::Analytics;
+use tally::store::{DIM_CAP, ImportOptions, Store, TEMP_NUMBERS};
+
+use crate::store_conformance::Harness;
+
+fn site() -> SiteId {
+    SiteId::parse("s").expect("site")
+}
+
+fn src(source: &str, channel: &str) -> String {
+    SourceDims {
+        source: source.into(),
+        channel: channel.into(),
+        ..SourceDims::default()
+    }
+    .encode()
+}
+
+fn agent(browser: &str, country: &str) -> Arc<str> {
+    AgentDims {
+        browser: browser.into(),
+        country: country.into(),
+        ..AgentDims::default()
+    }
+    .encode()
+    .into()
+}
+
+/// A page view at `at` (UTC) of visitor `visitor` on `page`, with dimensions.
+fn view(n: u16, visitor: u8, page: &str, at: &str, dims: (&str, &str, &str)) -> Record {
+    let at: jiff::Timestamp = at.parse().expect("ts");
+    let mut random = [0u8; 10];
+    random[4..6].copy_from_slice(&n.to_be_bytes());
+    Record {
+        event_id: EventId::new_at(at, random),
+        site: site(),
+        source: Source::Web,
+        kind: HitKind::Pageview,
+        page: PagePath::parse(page).expect("page"),
+        visitor: VisitorKey([visitor; 16]),
+        at_ms: at.as_millisecond(),
+        day: SiteZone::utc().day_of(at),
+        referrer: None,
+        dims: Dims {
+            src: src(dims.0, dims.1),
+            agent: agent(dims.2, "DE"),
+        },
+    }
+}
+
+fn engagement(of: &Record, engaged_ms: u32, scroll: Option<u8>) -> Record {
+    Record {
+        kind: HitKind::Engagement { engaged_ms, scroll },
+        dims: Dims::default(),
+        ..of.clone()
+    }
+}
+
+const D1: Date = date(2026, 3, 2);
+const D2: Date = date(2026, 3, 3);
+
+fn day_start(day: Date) -> i64 {
+    SiteZone::utc().span(day, day).0.as_millisecond()
+}
+
+async fn engagement_keeps_the_largest_values_and_tuples_are_stored(db: &impl Harness) {
+    let store = db.handle(None);
+    let v = view(
+        1,
+        1,
+        "/a",
+        "2026-03-02T10:00:00Z",
+        ("Google", "Organic Search", "Firefox"),
+    );
+    let out = store
+        .commit(vec![v.clone(), engagement(&v, 5_000, Some(40))])
+        .await
+        .expect("commit");
+    assert_eq!(
+        out,
+        vec![Outcome::Accepted, Outcome::Accepted],
+        "same batch"
+    );
+    let out = store
+        .commit(vec![
+            engagement(&v, 5_000, Some(40)),
+            engagement(&v, 3_000, Some(90)),
+            engagement(&v, 9_000, None),
+        ])
+        .await
+        .expect("commit");
+    assert_eq!(
+        out,
+        vec![Outcome::Duplicate, Outcome::Accepted, Outcome::Accepted],
+        "a resend changes nothing; each larger value is kept"
+    );
+    let unknown = engagement(
+        &view(99, 9, "/x", "2026-03-02T10:00:00Z", ("", "", "")),
+        1,
+        None,
+    );
+    assert_eq!(
+        store.commit(vec![unknown]).await.expect("commit"),
+        vec![Outcome::Duplicate],
+        "no page view to report on"
+    );
+    let input = store
+        .segment_input(&site(), D1, D1, None)
+        .await
+        .expect("input");
+    assert!(input.sealed.is_empty());
+    let (day, events) = &input.open[0];
+    assert_eq!(*day, D1);
+    assert_eq!(events.len(), 1, "engagement reports are not events");
+    let e = &events[0];
+    assert_eq!((e.engaged_ms, e.scroll), (9_000, Some(90)));
+    assert!(e.visitor >= TEMP_NUMBERS, "not numbered before the seal");
+    let dict = store
+        .dictionary(&site(), vec![e.page], vec![e.src, e.agent])
+        .await
+        .expect("dictionary");
+    assert_eq!(dict.pages, vec![(e.page, "/a".to_owned())]);
+    let values: Vec<&str> = dict.dims.iter().map(|(_, _, v)| v.as_str()).collect();
+    assert!(
+        values.contains(&src("Google", "Organic Search").as_str()),
+        "{values:?}"
+    );
+    assert!(values.contains(&&*agent("Firefox", "DE")), "{values:?}");
+}
+
+async fn a_sealed_day_is_the_build_of_its_events(db: &impl Harness) {
+    let store = db.handle(None);
+    store
+        .commit(vec![
+            view(
+                1,
+                1,
+                "/a",
+                "2026-03-02T10:00:00Z",
+                ("Google", "Organic Search", "Firefox"),
+            ),
+            view(
+                2,
+                1,
+                "/b",
+                "2026-03-02T10:05:00Z",
+                ("", "Direct", "Firefox"),
+            ),
+            view(3, 2, "/a", "2026-03-02T11:00:00Z", ("", "Direct", "Chrome")),
+            view(
+                4,
+                1,
+                "/a",
+                "2026-03-03T09:00:00Z",
+                ("", "Direct", "Firefox"),
+            ),
+        ])
+        .await
+        .expect("commit");
+    assert_eq!(
+        store.unsealed_days(&site(), D2, 10).await.expect("days"),
+        vec![D1, D2]
+    );
+    let open = store
+        .segment_input(&site(), D1, D1, None)
+        .await
+        .expect("input");
+    assert!(
+        store
+            .seal_day(&site(), D1, day_start(D1))
+            .await
+            .expect("seal")
+    );
+    assert!(
+        !store
+            .seal_day(&site(), D1, day_start(D1))
+            .await
+            .expect("seal"),
+        "once"
+    );
+    assert!(
+        store
+            .seal_day(&site(), D2, day_start(D2))
+            .await
+            .expect("seal")
+    );
+    assert!(
+        store
+            .unsealed_days(&site(), D2, 10)
+            .await
+            .expect("days")
+            .is_empty()
+    );
+    let input = store
+        .segment_input(&site(), D1, D2, None)
+        .await
+        .expect("input");
+    assert!(input.open.is_empty());
+    let segs: Vec<Segment> = input
+        .sealed
+        .iter()
+        .map(|(_, b)| Segment::decode(b.as_deref().expect("bytes")).expect("decodes"))
+        .collect();
+    // The same visits as the open read, with stored numbers instead of read-only ones.
+    let built = segment::build(day_start(D1), open.open[0].1.clone());
+    assert_eq!(segs[0].visits.pageviews, built.visits.pageviews);
+    assert_eq!(segs[0].visit_count(), 2);
+    assert!(segs[0].visits.visitor.iter().all(|n| *n < TEMP_NUMBERS));
+    // Visitor 1 keeps one number on both days.
+    let v1_day1 = segs[0].visits.visitor[0];
+    assert_eq!(segs[1].visits.visitor, vec![v1_day1]);
+    // A holder of the days gets no bytes again under the same generation.
+    let again = store
+        .segment_input(&site(), D1, D2, Some((input.generation, vec![D1, D2])))
+        .await
+        .expect("input");
+    assert!(again.sealed.iter().all(|(_, b)| b.is_none()));
+    // A second handle sees the same (numbers are stored, not per process).
+    let other = db.handle(None);
+    let input2 = other
+        .segment_input(&site(), D1, D2, None)
+        .await
+        .expect("input");
+    assert_eq!(input2.sealed, input.sealed);
+}
+
+async fn an_import_into_a_sealed_day_unseals_it(db: &impl Harness) {
+    let store = db.handle(None);
+    store
+        .commit(vec![view(
+            1,
+            1,
+            "/a",
+            "2026-03-02T10:00:00Z",
+            ("", "Direct", "Firefox"),
+        )])
+        .await
+        .expect("commit");
+    assert!(
+        store
+            .seal_day(&site(), D1, day_start(D1))
+            .await
+            .expect("seal")
+    );
+    let before = store
+        .segment_input(&site(), D1, D1, None)
+        .await
+        .expect("input");
+    let out = store
+        .import_events(
+            vec![view(
+                7,
+                3,
+                "/c",
+                "2026-03-02T18:00:00Z",
+                ("", "Direct", "Chrome"),
+            )],
+            ImportOptions::default(),
+        )
+        .await
+        .expect("import");
+    assert_eq!(out, vec![Outcome::Accepted]);
+    let after = store
+        .segment_input(&site(), D1, D1, None)
+        .await
+        .expect("input");
+    assert!(after.generation > before.generation);
+    assert!(after.sealed.is_empty(), "unsealed");
+    assert_eq!(after.open[0].1.len(), 2);
+    assert_eq!(
+        store.unsealed_days(&site(), D1, 10).await.expect("days"),
+        vec![D1]
+    );
+    assert!(
+        store
+            .seal_day(&site(), D1, day_start(D1))
+            .await
+            .expect("seal")
+    );
+    let resealed = store
+        .segment_input(&site(), D1, D1, None)
+        .await
+        .expect("input");
+    let seg = Segment::decode(resealed.sealed[0].1.as_deref().expect("bytes")).expect("seg");
+    assert_eq!(seg.visit_count(), 2);
+}
+
+async fn tuples_beyond_the_cap_count_as_other(db: &impl Harness) {
+    let store = db.handle(None);
+    let n = DIM_CAP as usize + 3;
+    let records: Vec<Record> = (0..n)
+        .map(|i| {
+            let mut r = view(
+                i as u16,
+                (i % 200) as u8,
+                "/a",
+                "2026-03-02T10:00:00Z",
+                ("", "", ""),
+            );
+            r.dims.src = src(&format!("campaign-{i}"), "Referral");
+            r
+        })
+        .collect();
+    store.commit(records).await.expect("commit");
+    let input = store
+        .segment_input(&site(), D1, D1, None)
+        .await
+        .expect("input");
+    let mut srcs: Vec<u32> = input.open[0].1.iter().map(|e| e.src).collect();
+    srcs.sort_unstable();
+    srcs.dedup();
+    assert_eq!(
+        srcs.len(),
+        DIM_CAP as usize + 1,
+        "the cap, and the one (other) tuple"
+    );
+    let dict = store.dictionary(&site(), vec![], srcs).await.expect("dict");
+    assert!(
+        dict.dims
+            .iter()
+            .any(|(_, _, v)| v == tally::store::OTHER_DIM)
+    );
+}
+
+fn q(metrics: &[Metric], dims: &[Dimension], filters: Vec<Filter>) -> Query {
+    Query {
+        metrics: metrics.to_vec(),
+        dimensions: dims.to_vec(),
+        filters,
+        order_by: vec![],
+        limit: 100,
+        offset: 0,
+    }
+}
+
+async fn answers_stay_exact_across_sealed_and_open_days(db: &impl Harness) {
+    let store: Arc<dyn Store> = db.handle(None);
+    let a = view(
+        1,
+        1,
+        "/a",
+        "2026-03-02T10:00:00Z",
+        ("Google", "Organic Search", "Firefox"),
+    );
+    store
+        .commit(vec![
+            a.clone(),
+            engagement(&a, 30_000, Some(70)),
+            view(2, 2, "/a", "2026-03-02T11:00:00Z", ("", "Direct", "Chrome")),
+            view(
+                3,
+                1,
+                "/b",
+                "2026-03-03T09:00:00Z",
+                ("", "Direct", "Firefox"),
+            ),
+            view(
+                4,
+                3,
+                "/a",
+                "2026-03-03T09:30:00Z",
+                ("Google", "Organic Search", "Chrome"),
+            ),
+        ])
+        .await
+        .expect("commit");
+    let analytics = Analytics::new(store.clone(), 64 << 20);
+    let zone = SiteZone::utc();
+    let questions = [
+        q(
+            &[Metric::Visitors, Metric::Visits, Metric::Pageviews],
+            &[],
+            vec![],
+        ),
+        q(
+            &[Metric::Visitors],
+            &[Dimension::Visit(VisitDim::Browser)],
+            vec![],
+        ),
+        q(
+            &[Metric::Visitors, Metric::TimeOnPage, Metric::ScrollDepth],
+            &[],
+            vec![
+                Filter {
+                    dimension: Dimension::Page,
+                    op: Op::Is,
+                    values: vec!["/a".into()],
+                    case_sensitive: true,
+                },
+                Filter {
+                    dimension: Dimension::Visit(VisitDim::Source),
+                    op: Op::Is,
+                    values: vec!["Google".into()],
+                    case_sensitive: true,
+                },
+            ],
+        ),
+    ];
+    let open = analytics
+        .answer(&site(), &zone, D1, D2, &questions)
+        .await
+        .expect("answers");
+    assert_eq!(
+        open[0].rows[0].metrics,
+        vec![Value::Int(3), Value::Int(4), Value::Int(4)],
+        "visitor 1 on both days counts once"
+    );
+    assert_eq!(
+        open[2].rows[0].metrics,
+        vec![Value::Int(2), Value::Int(30), Value::Int(70)]
+    );
+    // Seal D1: the same answers from the stored segment (and the kept one on a second read).
+    assert!(
+        store
+            .seal_day(&site(), D1, day_start(D1))
+            .await
+            .expect("seal")
+    );
+    for _ in 0..2 {
+        let sealed = analytics
+            .answer(&site(), &zone, D1, D2, &questions)
+            .await
+            .expect("answers");
+        assert_eq!(sealed, open);
+    }
+    // An import into the sealed day shows at once.
+    store
+        .import_events(
+            vec![view(
+                9,
+                4,
+                "/c",
+                "2026-03-02T20:00:00Z",
+                ("", "Direct", "Safari"),
+            )],
+            ImportOptions::default(),
+        )
+        .await
+        .expect("import");
+    let after = analytics
+        .answer(&site(), &zone, D1, D2, &questions[..1])
+        .await
+        .expect("answers");
+    assert_eq!(
+        after[0].rows[0].metrics,
+        vec![Value::Int(4), Value::Int(5), Value::Int(5)]
+    );
+}
+
+macro_rules! segment_checks {
+    ($($backend:ident => $harness:ty),* $(,)?) => {$(
+        mod $backend {
+            segment_checks!(@checks $harness;
+                engagement_keeps_the_largest_values_and_tuples_are_stored,
+                a_sealed_day_is_the_build_of_its_events,
+                an_import_into_a_sealed_day_unseals_it,
+                tuples_beyond_the_cap_count_as_other,
+                answers_stay_exact_across_sealed_and_open_days,
+            );
+        }
+    )*};
+    (@checks $harness:ty; $($check:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $check() {
+            if !<$harness as crate::store_conformance::Harness>::available() {
+                return;
+            }
+            let db = <$harness as crate::store_conformance::Harness>::fresh();
+            super::$check(&db).await;
+        }
+    )*};
+}
+
+segment_checks! {
+    sqlite => crate::store_conformance::sqlite_backend::SqliteDb,
+    postgres => crate::store_conformance::postgres::PgDb,
+}
