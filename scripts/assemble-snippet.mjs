@@ -81,7 +81,7 @@ must(/^let wasmModule, wasmInstance, wasm;\n[\s\S]*$/m, `let wasm;
 export default async function (url) {
   const i = __wbg_get_imports();
   const r = await fetch(url);
-  if (!r.ok) throw Error('failed to fetch Wasm: ' + r.status);
+  if (!r.ok) throw Error('wasm ' + r.status);
   const { instance } = await WebAssembly.instantiateStreaming(r.clone(), i)
     .catch(() => r.arrayBuffer().then((b) => WebAssembly.instantiate(b, i)));
   wasm = instance.exports;${start}
@@ -98,18 +98,21 @@ must(/^let cachedTextDecoder = [\s\S]*?^function decodeText\(bytes\) \{\n[\s\S]*
   "const cachedTextDecoder = new TextDecoder();\nfunction decodeText(bytes) { return cachedTextDecoder.decode(bytes); }\n");
 // The imports object needs no null prototype: instantiation reads only its own properties.
 must(/^(\s+const import0 = \{\n)\s+__proto__: null,\n/m, '$1');
+// Pointers need no `>>> 0` (an unsigned view of an i32): this module's memory stays far below
+// 2 GiB, so every pointer is a non-negative i32.
 fn('passStringToWasm0', `function passStringToWasm0(arg, malloc) {
-  const buf = cachedTextEncoder.encode(arg), ptr = malloc(buf.length, 1) >>> 0;
+  const buf = cachedTextEncoder.encode(arg), ptr = malloc(buf.length, 1);
   getUint8ArrayMemory0().set(buf, ptr);
   WASM_VECTOR_LEN = buf.length;
   return ptr;
 }`);
 must(/, wasm\.__wbindgen_realloc/g, '');
+must(/^(function getStringFromWasm0\(ptr, len\) \{\n)    ptr = ptr >>> 0;\n/m, '$1');
 // A string an import returns is written to the module's return slot, a #[repr(C)] pair of u32
 // (pointer, length; so 4-aligned) in little-endian wasm memory: one typed-array store instead
 // of two DataView writes, and no DataView at all.
 must(/^( +)getDataViewMemory0\(\)\.setInt32\(\((\w+) >>> 0\) \+ 4 \* 1, (\w+), true\);\n +getDataViewMemory0\(\)\.setInt32\(\(\2 >>> 0\) \+ 4 \* 0, (\w+), true\);\n/gm,
-  '$1new Int32Array(wasm.memory.buffer, $2 >>> 0, 2).set([$4, $3]);\n');
+  '$1new Int32Array(wasm.memory.buffer, $2, 2).set([$4, $3]);\n');
 // The export run(op, s, w, text) (src/web.rs) takes its three strings joined by src/ops.rs's
 // SEP (NUL), one string passed instead of three: the glue's run(op, s, w, a, b, c), which the
 // loader and host.js call, joins them (join makes a missing one empty, where concatenation

@@ -44,7 +44,7 @@ export function num(op, x) {
       listen(x);
       return 0;
     case Num.Engaged:
-      return document.visibilityState == 'visible' && document.hasFocus();
+      return !document.hidden && document.hasFocus();
     case Num.Scroll:
       return (deepest = x ? 0 : depth());
     case Num.Screen:
@@ -57,11 +57,11 @@ export function num(op, x) {
 // The largest scroll depth since the module's last reset (a new page view).
 let deepest = 0;
 
-// The largest of `deepest` and the share of the document seen now, percent (a page that fits
-// the window: 100 or more; the module caps it at 100). While the document is still loading its
-// height is not known yet: nothing new is read.
+// The largest of `deepest` and the share of the document seen now, whole percent rounded down
+// (a page that fits the window: 100 or more; the module caps it at 100). While the document is
+// still loading its height is not known yet: nothing new is read.
 function depth() {
-  const seen = document.readyState != 'loading' && Math.round((scrollY + innerHeight) * 100 / document.documentElement?.scrollHeight);
+  const seen = document.readyState != 'loading' && ((scrollY + innerHeight) * 100 / document.documentElement?.scrollHeight | 0);
   return seen > deepest ? seen : deepest;
 }
 
@@ -183,7 +183,7 @@ function listen(spa) {
     addEventListener('popstate', () => callModule(Op.Pop));
   }
   addEventListener('pagehide', () => callModule(Op.Hide));
-  document.addEventListener('visibilitychange', () => callModule(document.visibilityState == 'hidden' ? Op.Hide : Op.Attention));
+  document.addEventListener('visibilitychange', () => callModule(document.hidden ? Op.Hide : Op.Attention));
   addEventListener('focus', () => callModule(Op.Attention));
   addEventListener('blur', () => callModule(Op.Attention));
   // A scroll event cannot be cancelled: it needs no `passive`.

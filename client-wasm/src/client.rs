@@ -282,6 +282,8 @@ pub struct Client<H> {
     /// The engaged ms and scroll depth of its last report (0 and 0 before the first).
     told_ms: u64,
     told_scroll: u8,
+    /// A report of the current page view is being queued: older ones leave ([`Client::pass`]).
+    replacing: bool,
 }
 
 impl<H: Host> Client<H> {
@@ -304,6 +306,7 @@ impl<H: Host> Client<H> {
             since: 0,
             told_ms: 0,
             told_scroll: 0,
+            replacing: false,
         };
         if client.opts.consent && client.consented() {
             client.opts.storage = true;
@@ -618,7 +621,9 @@ impl<H: Host> Client<H> {
                 let body = json::engagement(&self.report, ms, scroll);
                 // Born with its page view: it expires with the page view's event id.
                 let view = self.view.clone();
+                self.replacing = true;
                 self.enqueue(self.born, &view, &body, hiding);
+                self.replacing = false;
                 return;
             }
         }
@@ -642,11 +647,14 @@ impl<H: Host> Client<H> {
     /// event id (a page view and its engagement reports) go one at a time, in queue order:
     /// only the first of them kept (and not beaconed) in this pass is sent, and an answer
     /// settles the first entry with its id. The entry `settled` (if any) leaves when `wait`
-    /// is `u64::MAX`, else it counts a failed try and waits its backoff, at least `wait` ms;
-    /// then every due entry is sent (and leased for [`LEASE_MS`]: not due again while its
-    /// answer is awaited, here or in another tab) or, when `hiding`, beaconed (an
-    /// unconfirmed try, backed off); the queue is saved and the timer set for the next due
-    /// entry.
+    /// is `u64::MAX`, else it counts a failed try and waits its backoff, at least `wait` ms.
+    /// While `replacing` (a report of the current page view is being queued), its reports that
+    /// were tried before (`due` is not 0) and are not on their way leave: the one just queued
+    /// says more (a beaconed one is unconfirmed, and would otherwise hold it back while the
+    /// page closes). Then every due
+    /// entry is sent (and leased for [`LEASE_MS`]: not due again while its answer is awaited,
+    /// here or in another tab) or, when `hiding`, beaconed (an unconfirmed try, backed off);
+    /// the queue is saved and the timer set for the next due entry.
     fn pass(&mut self, text: String, hiding: bool, mut settled: &str, wait: u64) {
         let now = self.host.now_ms();
         let text = if text.is_empty() {
@@ -666,11 +674,19 @@ impl<H: Host> Client<H> {
                 h.attempts = h.attempts.saturating_add(1);
                 h.due = now + retry::next_delay_ms(h.attempts, random_u32(&self.host), wait);
             }
+            let busy = self.host.awaiting(id);
+            // Reports of the current page view begin with its report's fixed part.
+            if self.replacing
+                && !busy
+                && h.due != 0
+                && body.as_bytes().starts_with(self.report.as_bytes())
+            {
+                return false;
+            }
             let key = id.as_bytes();
             if holds(&ahead, key) {
                 return true; // after the entry with its id, whose answer passes again
             }
-            let busy = self.host.awaiting(id);
             let mut beaconed = false;
             if !busy && h.due <= now {
                 let api = &self.opts.api;
@@ -684,7 +700,7 @@ impl<H: Host> Client<H> {
                     beaconed = true;
                 }
             }
-            if !beaconed && key.len() == EVENT_ID_LEN {
+            if !beaconed {
                 ahead.extend_from_slice(key);
             }
             if !busy {
@@ -720,8 +736,9 @@ impl<H: Host> Client<H> {
     }
 }
 
-/// Whether `list`, event ids written one after another, holds `id` (an id of another length
-/// never matches).
+/// Whether `list`, event ids written one after another, holds `id`. (Only a corrupted queue
+/// has a key of another length; it shifts the ids after it, which can then be missed, not
+/// falsely matched: a window across two random ids is no id.)
 fn holds(list: &[u8], id: &[u8]) -> bool {
     let mut i = 0;
     while i + EVENT_ID_LEN <= list.len() {

@@ -1262,3 +1262,59 @@ fn withdrawn_consent_ends_the_reports_of_the_current_page_view() {
         "its reports would carry the stored visitor id"
     );
 }
+
+#[test]
+fn a_newer_report_replaces_an_unconfirmed_older_one() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().now += 2_000;
+    w.hide(); // beaconed: kept, unconfirmed
+    let beaconed = w.beacons().remove(0).1;
+    assert_eq!(w.queue().len(), 1);
+    w.focus();
+    w.host().now += 3_000;
+    w.blur();
+    let s = w.sends();
+    assert_eq!(
+        s.len(),
+        1,
+        "sent at once, not held back by the older report"
+    );
+    assert_eq!(wire(&s[0].1).engaged_ms, Some(5_000));
+    let q = w.queue();
+    assert_eq!(q.len(), 1, "the older report left the queue");
+    assert_ne!(q[0].body, beaconed);
+}
+
+#[test]
+fn hidden_shown_and_hidden_again_beacons_the_last_total() {
+    // The tab is switched away and back, then closed: the last report must go out by beacon,
+    // not wait behind the first (unconfirmed) one while the page closes.
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().now += 2_000;
+    w.hide();
+    assert_eq!(w.beacons().len(), 1);
+    w.host().now += 60_000; // away: the first beacon's backoff is over
+    w.focus();
+    w.host().now += 1_500;
+    w.hide();
+    let beacons = w.beacons();
+    assert_eq!(beacons.len(), 1, "{beacons:?}");
+    assert_eq!(wire(&beacons[0].1).engaged_ms, Some(3_500));
+}
+
+#[test]
+fn a_report_never_replaces_its_page_view() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    let (_, view_body, id) = w.sends().remove(0);
+    w.answer(&id, 0, 0, None); // tried and failed
+    w.host().now += 1_000;
+    w.blur();
+    w.focus();
+    w.host().now += 1_000;
+    w.blur();
+    let q = w.queue();
+    assert_eq!(q[0].body, view_body, "the page view stays, first");
+    assert_eq!(q.len(), 3, "reports not yet tried are not replaced: {q:?}");
+}
