@@ -95,7 +95,6 @@ pub async fn run(
         collect::seal::Sealer {
             sites: store.clone(),
             segments: store.clone(),
-            window: config.window,
         },
         Arc::clone(&clock),
         Retention {
@@ -296,7 +295,8 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Seal finished days now and every [`SEAL_EVERY`]; apply the retention policy now and every
 /// [`PRUNE_EVERY`] (salts older than two days go too, so it always runs), raw events only
-/// after a complete seal pass: a day's segment exists before its raw events go.
+/// after a complete seal pass: a day's segment exists before its raw events go (pruning
+/// never reaches a day that could still be unsealed: retention outlives the event window).
 async fn upkeep_loop(
     store: Arc<dyn Maintenance>,
     sealer: collect::seal::Sealer,

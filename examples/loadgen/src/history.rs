@@ -97,9 +97,18 @@ const REFERRERS: &[(&str, u32)] = &[
 ];
 const SMALL_SITES: u32 = 60;
 
-/// Browsers, their systems and device classes: (browser, majors, system, system major, device,
-/// weight).
-const AGENTS: &[(&str, &[&str], &str, &str, &str, u32)] = &[
+/// A browser, its majors, its system and system major, its device class, and its weight.
+type Agent = (
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+    &'static str,
+    &'static str,
+    u32,
+);
+
+/// Browsers, their systems and device classes.
+const AGENTS: &[Agent] = &[
     (
         "Chrome",
         &["131", "130", "129"],
@@ -534,12 +543,11 @@ pub async fn seed(args: SeedArgs) -> anyhow::Result<()> {
         args.target.site,
         written as f64 / secs
     );
-    // Seal the finished days as `tally serve` would (every day older than the event window).
+    // Seal the finished days as `tally serve` would (every day over for an hour).
     let sealing = Instant::now();
     let sealer = tally::collect::seal::Sealer {
         sites: store.clone(),
         segments: store.clone(),
-        window: tally::core::hit::TimeWindow::default(),
     };
     let report = sealer.pass(now, u64::MAX).await?;
     println!(

@@ -2,10 +2,11 @@
 //! them into stored day segments (`core::segment`, `store::SegmentSource::seal_day`).
 //!
 //! Contract:
-//! - A local day is sealable once its end lies more than the accepted event window (back and
-//!   ahead) plus [`MARGIN`] in the past: no collector whose clock is within the margin of
-//!   this one accepts an event (or an engagement report) of it any more. Only imports write
-//!   to such days, and they unseal what they write (the store's contract).
+//! - A local day is sealable once it has been over for [`SEAL_AFTER`]: most of its late
+//!   arrivals (engagement reports of its last page views, retried hits) are in by then. What
+//!   still arrives for it later (a retry hours late, an import) deletes its segment in the
+//!   batch that writes it (the store's contract), and a later pass seals it again: a sealed
+//!   day is never stale, only sealed more than once.
 //! - A pass seals days oldest first, site by site, at most `max_days` per call; days whose seal
 //!   lost a race with an import are left for the next pass. Raw events are pruned only after
 //!   a complete pass, so a day's segment exists before its raw events go (`lib::upkeep_loop`).
@@ -16,23 +17,18 @@ use jiff::Timestamp;
 use jiff::civil::Date;
 
 use crate::core::day::SiteZone;
-use crate::core::hit::TimeWindow;
 use crate::store::{SegmentSource, SiteStore, StoreError};
 
-/// Slack beyond the event window for collectors whose clocks differ.
-pub const MARGIN: jiff::SignedDuration = jiff::SignedDuration::from_hours(1);
+/// How long a day must have been over before it is sealed.
+pub const SEAL_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_hours(1);
 
 /// Days read per `unsealed_days` call.
 const BATCH: u32 = 64;
 
-/// The last local day in `zone` that no event can reach any more at `now`.
-pub fn sealable_through(zone: &SiteZone, now: Timestamp, window: TimeWindow) -> Option<Date> {
-    let edge = now
-        .checked_sub(window.back)
-        .and_then(|t| t.checked_sub(window.ahead))
-        .and_then(|t| t.checked_sub(MARGIN))
-        .ok()?;
-    // The day containing `edge` may still be reached; the one before it cannot.
+/// The last local day in `zone` that has been over for [`SEAL_AFTER`] at `now`.
+pub fn sealable_through(zone: &SiteZone, now: Timestamp) -> Option<Date> {
+    let edge = now.checked_sub(SEAL_AFTER).ok()?;
+    // The day containing `edge` is not over by SEAL_AFTER; the one before it is.
     zone.day_of(edge).yesterday().ok()
 }
 
@@ -40,7 +36,6 @@ pub fn sealable_through(zone: &SiteZone, now: Timestamp, window: TimeWindow) -> 
 pub struct Sealer {
     pub sites: Arc<dyn SiteStore>,
     pub segments: Arc<dyn SegmentSource>,
-    pub window: TimeWindow,
 }
 
 /// What one pass did.
@@ -60,7 +55,7 @@ impl Sealer {
             complete: true,
         };
         for site in self.sites.list_sites().await? {
-            let Some(through) = sealable_through(&site.zone, now, self.window) else {
+            let Some(through) = sealable_through(&site.zone, now) else {
                 continue;
             };
             loop {
@@ -101,18 +96,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_day_seals_after_the_window_and_the_margin() {
-        let zone = SiteZone::utc();
-        let window = TimeWindow::default();
-        // 72 h + 5 min + 1 h after the end of 2026-03-01 is 2026-03-05T01:05.
-        let before: Timestamp = "2026-03-05T01:04:59Z".parse().expect("ts");
-        let after: Timestamp = "2026-03-05T01:05:00Z".parse().expect("ts");
+    fn a_day_seals_an_hour_after_it_ends_in_its_zone() {
+        let zone = SiteZone::parse("Europe/Berlin").expect("zone");
+        // 2026-03-01 ends in Berlin at 23:00 UTC; sealable from 2026-03-02T00:00Z.
+        let before: Timestamp = "2026-03-01T23:59:59Z".parse().expect("ts");
+        let after: Timestamp = "2026-03-02T00:00:00Z".parse().expect("ts");
         assert_eq!(
-            sealable_through(&zone, before, window),
+            sealable_through(&zone, before),
             Some(jiff::civil::date(2026, 2, 28))
         );
         assert_eq!(
-            sealable_through(&zone, after, window),
+            sealable_through(&zone, after),
             Some(jiff::civil::date(2026, 3, 1))
         );
     }

@@ -11,13 +11,21 @@
 //!   delivery joins, splits or merges visits exactly as if it had come on time. Visits never
 //!   cross the site's local midnight: a day's visits depend on that day's events only.
 //! - A visit takes its source and agent from its first event, its entry page from its first
-//!   page view and its exit page from its last.
-//! - [`Segment::encode`] is deterministic (the same events give the same bytes), so `verify`
-//!   compares a stored segment with a rebuild byte for byte; [`Segment::decode`] refuses
-//!   anything it did not write.
+//!   page view and its exit page from its last; its duration runs from its first event to
+//!   its last.
+//! - Two parts, stored and kept apart: the **visits part** ([`Segment`]: the dictionaries of
+//!   pages, sources and agents, and one row per visit) answers every question about visits;
+//!   the **events part** ([`Events`]: page views and custom events, grouped by visit) is read
+//!   only by questions about pages, event names, hours or engagement.
+//! - The stored form is deterministic (the same events give the same bytes), so `verify`
+//!   compares a stored segment with a rebuild byte for byte, and it is also the form kept in
+//!   memory: each column holds its values in the fewest bytes (0–4) its largest value needs,
+//!   read in place ([`Column::get`]). Decoding checks every index against its dictionary, so
+//!   reads never go out of bounds; bytes not written here are refused.
 //! - Values are local: pages, sources, agents and event names are numbered per segment (in
-//!   ascending order of their stored ids or names), so columns stay narrow; each column is
-//!   stored with the fewest bytes (0–4) its largest value needs.
+//!   ascending order of their stored ids or names).
+
+use std::sync::Arc;
 
 /// The longest pause inside one visit: 30 minutes.
 pub const VISIT_GAP_MS: i64 = 30 * 60 * 1000;
@@ -48,67 +56,133 @@ pub struct DayEvent {
     pub scroll: Option<u8>,
 }
 
+/// A column of unsigned values stored in `width` bytes each, read in place.
+#[derive(Clone)]
+pub struct Column {
+    data: Arc<[u8]>,
+    off: usize,
+    len: usize,
+    width: u8,
+}
+
+impl std::fmt::Debug for Column {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for Column {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.iter().eq(other.iter())
+    }
+}
+
+impl Column {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `i`-th value (`i < len`; past the end, 0).
+    #[inline]
+    pub fn get(&self, i: usize) -> u32 {
+        if i >= self.len {
+            return 0;
+        }
+        let o = self.off + i * usize::from(self.width);
+        let d = &self.data;
+        match self.width {
+            0 => 0,
+            1 => u32::from(d[o]),
+            2 => u32::from(u16::from_le_bytes([d[o], d[o + 1]])),
+            3 => u32::from_le_bytes([d[o], d[o + 1], d[o + 2], 0]),
+            _ => u32::from_le_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]]),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.len).map(|i| self.get(i))
+    }
+
+    pub fn to_vec(&self) -> Vec<u32> {
+        self.iter().collect()
+    }
+}
+
 /// Visits, one row per visit, ordered by visitor then start.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Visits {
-    pub visitor: Vec<u32>,
+    pub visitor: Column,
     /// Seconds from the day's start to the first event.
-    pub start_s: Vec<u32>,
+    pub start_s: Column,
     /// Seconds from the first event to the last (engaged time keeps a visit open but does
     /// not lengthen it, as in Plausible).
-    pub duration_s: Vec<u32>,
-    pub pageviews: Vec<u32>,
+    pub duration_s: Column,
+    pub pageviews: Column,
     /// Custom events.
-    pub events: Vec<u32>,
+    pub events: Column,
     /// Local page index + 1 of the first page view (0: the visit has none).
-    pub entry: Vec<u32>,
+    pub entry: Column,
     /// Local page index + 1 of the last page view (0: none).
-    pub exit: Vec<u32>,
+    pub exit: Column,
     /// Local source index.
-    pub src: Vec<u32>,
+    pub src: Column,
     /// Local agent index.
-    pub agent: Vec<u32>,
+    pub agent: Column,
 }
 
-/// Page views, grouped by visit in visit order (a visit's `pageviews` rows in a row), each
-/// visit's in time order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Pageviews {
-    /// Local page index.
-    pub page: Vec<u32>,
-    /// Seconds from the day's start.
-    pub at_s: Vec<u32>,
-    pub engaged_ms: Vec<u32>,
-    /// Scroll depth + 1 (0: none reported).
-    pub scroll: Vec<u32>,
-}
-
-/// Custom events, grouped by visit like [`Pageviews`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Customs {
-    /// Local name index.
-    pub name: Vec<u32>,
-    /// Local page index.
-    pub page: Vec<u32>,
-    pub at_s: Vec<u32>,
-}
-
-/// One site's day: its local dictionaries and its three tables.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The visits part of a day: its dictionaries and its visits.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Segment {
     /// The instant the local day starts, ms since 1970.
     pub day_start_ms: i64,
     /// Local page index → stored page id (ascending).
-    pub pages: Vec<u32>,
+    pub pages: Column,
     /// Local source index → stored source id (ascending).
-    pub srcs: Vec<u32>,
+    pub srcs: Column,
     /// Local agent index → stored agent id (ascending).
-    pub agents: Vec<u32>,
+    pub agents: Column,
+    pub visits: Visits,
+    /// Page views and custom events of the day (what the events part must hold).
+    pub pageview_count: usize,
+    pub custom_count: usize,
+    bytes: Arc<[u8]>,
+}
+
+/// Page views, grouped by visit in visit order (a visit's `pageviews` rows in a row), each
+/// visit's in time order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pageviews {
+    /// Local page index.
+    pub page: Column,
+    /// Seconds from the day's start.
+    pub at_s: Column,
+    pub engaged_ms: Column,
+    /// Scroll depth + 1 (0: none reported).
+    pub scroll: Column,
+}
+
+/// Custom events, grouped by visit like [`Pageviews`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Customs {
+    /// Local name index.
+    pub name: Column,
+    /// Local page index.
+    pub page: Column,
+    pub at_s: Column,
+}
+
+/// The events part of a day: page views and custom events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Events {
     /// Local name index → custom event name (ascending).
     pub names: Vec<String>,
-    pub visits: Visits,
     pub pageviews: Pageviews,
     pub customs: Customs,
+    bytes: Arc<[u8]>,
 }
 
 /// A local dictionary of one value kind: sorted distinct values, looked up by binary search.
@@ -128,18 +202,36 @@ fn seconds(ms: i64) -> u32 {
     u32::try_from(ms.max(0) / 1000).unwrap_or(u32::MAX)
 }
 
-/// Build the segment of one site's day from its events (any order), the day starting at
+/// The columns of a day while it is built.
+#[derive(Default)]
+struct Cols {
+    visitor: Vec<u32>,
+    start_s: Vec<u32>,
+    duration_s: Vec<u32>,
+    pageviews: Vec<u32>,
+    events: Vec<u32>,
+    entry: Vec<u32>,
+    exit: Vec<u32>,
+    src: Vec<u32>,
+    agent: Vec<u32>,
+    p_page: Vec<u32>,
+    p_at_s: Vec<u32>,
+    p_engaged: Vec<u32>,
+    p_scroll: Vec<u32>,
+    c_name: Vec<u32>,
+    c_page: Vec<u32>,
+    c_at_s: Vec<u32>,
+}
+
+/// Build both parts of one site's day from its events (any order), the day starting at
 /// `day_start_ms`.
-pub fn build(day_start_ms: i64, mut events: Vec<DayEvent>) -> Segment {
+pub fn build(day_start_ms: i64, mut events: Vec<DayEvent>) -> (Segment, Events) {
     events.sort_by_key(|e| (e.visitor, e.at_ms, e.id));
     let pages = dictionary(events.iter().map(|e| e.page));
     let srcs = dictionary(events.iter().map(|e| e.src));
     let agents = dictionary(events.iter().map(|e| e.agent));
     let names = dictionary(events.iter().filter_map(|e| e.name.clone()));
-    let mut seg = Segment {
-        day_start_ms,
-        ..Segment::default()
-    };
+    let mut c = Cols::default();
     let mut i = 0;
     while i < events.len() {
         // One visit: from events[i] while the next event starts within the gap.
@@ -166,38 +258,38 @@ pub fn build(day_start_ms: i64, mut events: Vec<DayEvent>) -> Segment {
                         entry = page + 1;
                     }
                     exit = page + 1;
-                    seg.pageviews.page.push(page);
-                    seg.pageviews.at_s.push(at_s);
-                    seg.pageviews.engaged_ms.push(e.engaged_ms);
-                    seg.pageviews
-                        .scroll
+                    c.p_page.push(page);
+                    c.p_at_s.push(at_s);
+                    c.p_engaged.push(e.engaged_ms);
+                    c.p_scroll
                         .push(e.scroll.map_or(NONE, |s| u32::from(s.min(100)) + 1));
                 }
                 Some(name) => {
                     customs += 1;
-                    seg.customs.name.push(index_of(&names, name));
-                    seg.customs.page.push(page);
-                    seg.customs.at_s.push(at_s);
+                    c.c_name.push(index_of(&names, name));
+                    c.c_page.push(page);
+                    c.c_at_s.push(at_s);
                 }
             }
         }
-        let v = &mut seg.visits;
-        v.visitor.push(first.visitor);
-        v.start_s.push(seconds(first.at_ms - day_start_ms));
-        v.duration_s.push(seconds(last_ms - first.at_ms));
-        v.pageviews.push(pageviews);
-        v.events.push(customs);
-        v.entry.push(entry);
-        v.exit.push(exit);
-        v.src.push(index_of(&srcs, &first.src));
-        v.agent.push(index_of(&agents, &first.agent));
+        c.visitor.push(first.visitor);
+        c.start_s.push(seconds(first.at_ms - day_start_ms));
+        c.duration_s.push(seconds(last_ms - first.at_ms));
+        c.pageviews.push(pageviews);
+        c.events.push(customs);
+        c.entry.push(entry);
+        c.exit.push(exit);
+        c.src.push(index_of(&srcs, &first.src));
+        c.agent.push(index_of(&agents, &first.agent));
         i = j;
     }
-    seg.pages = pages;
-    seg.srcs = srcs;
-    seg.agents = agents;
-    seg.names = names;
-    seg
+    let visits = encode_visits(day_start_ms, &pages, &srcs, &agents, &c);
+    let evts = encode_events(&names, &c);
+    // The stored form is the form read: decode what was just written (it always decodes; an
+    // empty day stands in should it ever not).
+    let seg = Segment::decode(visits).unwrap_or_else(|_| Segment::empty(day_start_ms));
+    let events = Events::decode(evts, &seg).unwrap_or_else(|_| Events::empty());
+    (seg, events)
 }
 
 /// Why bytes are not a segment.
@@ -205,152 +297,71 @@ pub fn build(day_start_ms: i64, mut events: Vec<DayEvent>) -> Segment {
 #[error("not a day segment: {0}")]
 pub struct DecodeError(&'static str);
 
-const MAGIC: &[u8; 4] = b"TSG1";
+const VISITS_MAGIC: &[u8; 4] = b"TSV2";
+const EVENTS_MAGIC: &[u8; 4] = b"TSE2";
 
-impl Segment {
-    /// Visits in this segment.
-    pub fn visit_count(&self) -> usize {
-        self.visits.visitor.len()
+fn encode_visits(
+    day_start_ms: i64,
+    pages: &[u32],
+    srcs: &[u32],
+    agents: &[u32],
+    c: &Cols,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + c.visitor.len() * 20);
+    out.extend_from_slice(VISITS_MAGIC);
+    out.extend_from_slice(&day_start_ms.to_le_bytes());
+    for n in [
+        c.visitor.len(),
+        c.p_page.len(),
+        c.c_name.len(),
+        pages.len(),
+        srcs.len(),
+        agents.len(),
+    ] {
+        out.extend_from_slice(&(n as u32).to_le_bytes());
     }
+    for column in [
+        pages,
+        srcs,
+        agents,
+        &c.visitor,
+        &c.start_s,
+        &c.duration_s,
+        &c.pageviews,
+        &c.events,
+        &c.entry,
+        &c.exit,
+        &c.src,
+        &c.agent,
+    ] {
+        put_column(&mut out, column);
+    }
+    out
+}
 
-    /// The stored form (deterministic).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.visit_count() * 24);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&self.day_start_ms.to_le_bytes());
-        for n in [
-            self.visit_count(),
-            self.pageviews.page.len(),
-            self.customs.name.len(),
-            self.pages.len(),
-            self.srcs.len(),
-            self.agents.len(),
-            self.names.len(),
-        ] {
-            out.extend_from_slice(&(n as u32).to_le_bytes());
-        }
-        for name in &self.names {
-            let bytes = name.as_bytes();
-            out.extend_from_slice(&(bytes.len().min(u16::MAX as usize) as u16).to_le_bytes());
-            out.extend_from_slice(&bytes[..bytes.len().min(u16::MAX as usize)]);
-        }
-        for column in self.columns() {
-            put_column(&mut out, column);
-        }
-        out
+fn encode_events(names: &[String], c: &Cols) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + c.p_page.len() * 10);
+    out.extend_from_slice(EVENTS_MAGIC);
+    for n in [c.p_page.len(), c.c_name.len(), names.len()] {
+        out.extend_from_slice(&(n as u32).to_le_bytes());
     }
-
-    /// Every column in stored order.
-    fn columns(&self) -> [&Vec<u32>; 19] {
-        let (v, p, c) = (&self.visits, &self.pageviews, &self.customs);
-        [
-            &self.pages,
-            &self.srcs,
-            &self.agents,
-            &v.visitor,
-            &v.start_s,
-            &v.duration_s,
-            &v.pageviews,
-            &v.events,
-            &v.entry,
-            &v.exit,
-            &v.src,
-            &v.agent,
-            &p.page,
-            &p.at_s,
-            &p.engaged_ms,
-            &p.scroll,
-            &c.name,
-            &c.page,
-            &c.at_s,
-        ]
+    for name in names {
+        let bytes = &name.as_bytes()[..name.len().min(u16::MAX as usize)];
+        out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+        out.extend_from_slice(bytes);
     }
-
-    /// Read a segment written by [`Segment::encode`].
-    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut r = Reader { bytes, at: 0 };
-        if r.take(4)? != MAGIC {
-            return Err(DecodeError("unknown format"));
-        }
-        let day_start_ms = i64::from_le_bytes(
-            r.take(8)?
-                .try_into()
-                .map_err(|_| DecodeError("truncated"))?,
-        );
-        let mut counts = [0usize; 7];
-        for n in &mut counts {
-            *n = r.u32()? as usize;
-        }
-        let [visits, pageviews, customs, pages, srcs, agents, names] = counts;
-        let mut name_list = Vec::with_capacity(names.min(1 << 16));
-        for _ in 0..names {
-            let len = u16::from_le_bytes(
-                r.take(2)?
-                    .try_into()
-                    .map_err(|_| DecodeError("truncated"))?,
-            );
-            let text = std::str::from_utf8(r.take(usize::from(len))?)
-                .map_err(|_| DecodeError("a name is not UTF-8"))?;
-            name_list.push(text.to_owned());
-        }
-        let mut col = |n: usize| r.column(n);
-        let seg = Segment {
-            day_start_ms,
-            pages: col(pages)?,
-            srcs: col(srcs)?,
-            agents: col(agents)?,
-            names: name_list,
-            visits: Visits {
-                visitor: col(visits)?,
-                start_s: col(visits)?,
-                duration_s: col(visits)?,
-                pageviews: col(visits)?,
-                events: col(visits)?,
-                entry: col(visits)?,
-                exit: col(visits)?,
-                src: col(visits)?,
-                agent: col(visits)?,
-            },
-            pageviews: Pageviews {
-                page: col(pageviews)?,
-                at_s: col(pageviews)?,
-                engaged_ms: col(pageviews)?,
-                scroll: col(pageviews)?,
-            },
-            customs: Customs {
-                name: col(customs)?,
-                page: col(customs)?,
-                at_s: col(customs)?,
-            },
-        };
-        if r.at != bytes.len() {
-            return Err(DecodeError("trailing bytes"));
-        }
-        seg.check()?;
-        Ok(seg)
+    for column in [
+        &c.p_page,
+        &c.p_at_s,
+        &c.p_engaged,
+        &c.p_scroll,
+        &c.c_name,
+        &c.c_page,
+        &c.c_at_s,
+    ] {
+        put_column(&mut out, column);
     }
-
-    /// Every index points into its dictionary and the tables add up, so reads never go out of
-    /// bounds.
-    fn check(&self) -> Result<(), DecodeError> {
-        let v = &self.visits;
-        let within = |col: &[u32], len: usize| col.iter().all(|&x| (x as usize) < len);
-        let pages = self.pages.len();
-        let ok = within(&v.src, self.srcs.len())
-            && within(&v.agent, self.agents.len())
-            && within(&v.entry, pages + 1)
-            && within(&v.exit, pages + 1)
-            && within(&self.pageviews.page, pages)
-            && within(&self.customs.page, pages)
-            && within(&self.customs.name, self.names.len())
-            && v.pageviews.iter().map(|&n| n as usize).sum::<usize>() == self.pageviews.page.len()
-            && v.events.iter().map(|&n| n as usize).sum::<usize>() == self.customs.name.len();
-        if ok {
-            Ok(())
-        } else {
-            Err(DecodeError("an index is out of range"))
-        }
-    }
+    out
 }
 
 /// A column: its width in bytes (0–4: the fewest that hold its largest value), then its
@@ -364,48 +375,234 @@ fn put_column(out: &mut Vec<u8>, values: &[u32]) {
     }
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
+struct Reader {
+    bytes: Arc<[u8]>,
     at: usize,
 }
 
-impl Reader<'_> {
+impl Reader {
     fn take(&mut self, n: usize) -> Result<&[u8], DecodeError> {
         let end = self
             .at
             .checked_add(n)
             .filter(|&end| end <= self.bytes.len())
             .ok_or(DecodeError("truncated"))?;
-        let out = &self.bytes[self.at..end];
+        let at = self.at;
         self.at = end;
-        Ok(out)
+        Ok(&self.bytes[at..end])
     }
 
-    fn u32(&mut self) -> Result<u32, DecodeError> {
+    fn u32(&mut self) -> Result<usize, DecodeError> {
         let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
     }
 
-    fn column(&mut self, n: usize) -> Result<Vec<u32>, DecodeError> {
-        let width = usize::from(self.take(1)?[0]);
+    /// A column of `n` values, each below `bound` (`None`: any).
+    fn column(&mut self, n: usize, bound: Option<usize>) -> Result<Column, DecodeError> {
+        let width = self.take(1)?[0];
         if width > 4 {
             return Err(DecodeError("a column is wider than 4 bytes"));
         }
-        let data = self.take(
-            n.checked_mul(width)
+        let off = self.at;
+        self.take(
+            n.checked_mul(usize::from(width))
                 .ok_or(DecodeError("a column is too long"))?,
         )?;
-        if width == 0 {
-            return Ok(vec![0; n]);
+        let col = Column {
+            data: Arc::clone(&self.bytes),
+            off,
+            len: n,
+            width,
+        };
+        if let Some(bound) = bound
+            && col.iter().any(|v| v as usize >= bound)
+        {
+            return Err(DecodeError("an index is out of range"));
         }
-        Ok(data
-            .chunks_exact(width)
-            .map(|c| {
-                let mut b = [0u8; 4];
-                b[..width].copy_from_slice(c);
-                u32::from_le_bytes(b)
-            })
-            .collect())
+        Ok(col)
+    }
+
+    fn end(&self) -> Result<(), DecodeError> {
+        if self.at == self.bytes.len() {
+            Ok(())
+        } else {
+            Err(DecodeError("trailing bytes"))
+        }
+    }
+}
+
+impl Segment {
+    /// Visits in this segment.
+    pub fn visit_count(&self) -> usize {
+        self.visits.visitor.len()
+    }
+
+    /// The stored form of the visits part.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Bytes held in memory.
+    pub fn size(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn empty(day_start_ms: i64) -> Self {
+        let data: Arc<[u8]> = Arc::from(Vec::new());
+        let col = Column {
+            data: Arc::clone(&data),
+            off: 0,
+            len: 0,
+            width: 0,
+        };
+        Segment {
+            day_start_ms,
+            pages: col.clone(),
+            srcs: col.clone(),
+            agents: col.clone(),
+            visits: Visits {
+                visitor: col.clone(),
+                start_s: col.clone(),
+                duration_s: col.clone(),
+                pageviews: col.clone(),
+                events: col.clone(),
+                entry: col.clone(),
+                exit: col.clone(),
+                src: col.clone(),
+                agent: col,
+            },
+            pageview_count: 0,
+            custom_count: 0,
+            bytes: data,
+        }
+    }
+
+    /// Read a visits part written by [`build`].
+    pub fn decode(bytes: Vec<u8>) -> Result<Self, DecodeError> {
+        let mut r = Reader {
+            bytes: Arc::from(bytes),
+            at: 0,
+        };
+        if r.take(4)? != VISITS_MAGIC {
+            return Err(DecodeError("unknown format"));
+        }
+        let day_start_ms = i64::from_le_bytes(
+            r.take(8)?
+                .try_into()
+                .map_err(|_| DecodeError("truncated"))?,
+        );
+        let (visits, pageview_count, custom_count) = (r.u32()?, r.u32()?, r.u32()?);
+        let (pages, srcs, agents) = (r.u32()?, r.u32()?, r.u32()?);
+        let pages_col = r.column(pages, None)?;
+        let srcs_col = r.column(srcs, None)?;
+        let agents_col = r.column(agents, None)?;
+        let v = Visits {
+            visitor: r.column(visits, None)?,
+            start_s: r.column(visits, None)?,
+            duration_s: r.column(visits, None)?,
+            pageviews: r.column(visits, None)?,
+            events: r.column(visits, None)?,
+            entry: r.column(visits, Some(pages + 1))?,
+            exit: r.column(visits, Some(pages + 1))?,
+            src: r.column(visits, Some(srcs))?,
+            agent: r.column(visits, Some(agents))?,
+        };
+        r.end()?;
+        let sum = |c: &Column| c.iter().map(|n| n as usize).sum::<usize>();
+        if sum(&v.pageviews) != pageview_count || sum(&v.events) != custom_count {
+            return Err(DecodeError("the visits do not add up to their events"));
+        }
+        Ok(Segment {
+            day_start_ms,
+            pages: pages_col,
+            srcs: srcs_col,
+            agents: agents_col,
+            visits: v,
+            pageview_count,
+            custom_count,
+            bytes: r.bytes,
+        })
+    }
+}
+
+impl Events {
+    /// The stored form of the events part.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Bytes held in memory.
+    pub fn size(&self) -> usize {
+        self.bytes.len() + self.names.iter().map(|n| n.len() + 24).sum::<usize>()
+    }
+
+    fn empty() -> Self {
+        let data: Arc<[u8]> = Arc::from(Vec::new());
+        let col = Column {
+            data: Arc::clone(&data),
+            off: 0,
+            len: 0,
+            width: 0,
+        };
+        Events {
+            names: Vec::new(),
+            pageviews: Pageviews {
+                page: col.clone(),
+                at_s: col.clone(),
+                engaged_ms: col.clone(),
+                scroll: col.clone(),
+            },
+            customs: Customs {
+                name: col.clone(),
+                page: col.clone(),
+                at_s: col,
+            },
+            bytes: data,
+        }
+    }
+
+    /// Read an events part written by [`build`], for the visits part `seg` of the same day.
+    pub fn decode(bytes: Vec<u8>, seg: &Segment) -> Result<Self, DecodeError> {
+        let mut r = Reader {
+            bytes: Arc::from(bytes),
+            at: 0,
+        };
+        if r.take(4)? != EVENTS_MAGIC {
+            return Err(DecodeError("unknown format"));
+        }
+        let (pageviews, customs, names) = (r.u32()?, r.u32()?, r.u32()?);
+        if pageviews != seg.pageview_count || customs != seg.custom_count {
+            return Err(DecodeError("the events part is of another day"));
+        }
+        let mut name_list = Vec::with_capacity(names.min(1 << 16));
+        for _ in 0..names {
+            let b = r.take(2)?;
+            let len = usize::from(u16::from_le_bytes([b[0], b[1]]));
+            let text = std::str::from_utf8(r.take(len)?)
+                .map_err(|_| DecodeError("a name is not UTF-8"))?;
+            name_list.push(text.to_owned());
+        }
+        let pages = seg.pages.len();
+        let events = Events {
+            pageviews: Pageviews {
+                page: r.column(pageviews, Some(pages))?,
+                at_s: r.column(pageviews, None)?,
+                engaged_ms: r.column(pageviews, None)?,
+                scroll: r.column(pageviews, Some(102))?,
+            },
+            customs: Customs {
+                name: r.column(customs, Some(names))?,
+                page: r.column(customs, Some(pages))?,
+                at_s: r.column(customs, None)?,
+            },
+            names: name_list,
+            bytes: Arc::from(Vec::new()),
+        };
+        r.end()?;
+        Ok(Events {
+            bytes: r.bytes,
+            ..events
+        })
     }
 }
 
@@ -431,73 +628,89 @@ mod tests {
 
     #[test]
     fn a_gap_longer_than_30_minutes_starts_a_new_visit() {
-        let seg = build(
+        let (seg, _) = build(
             0,
             vec![pv(1, 0, 10), pv(1, 30 * MIN, 11), pv(1, 60 * MIN + 1, 12)],
         );
-        assert_eq!(seg.visits.pageviews, vec![2, 1]);
-        assert_eq!(seg.visits.duration_s, vec![1800, 0]);
+        assert_eq!(seg.visits.pageviews.to_vec(), vec![2, 1]);
+        assert_eq!(seg.visits.duration_s.to_vec(), vec![1800, 0]);
         // entry and exit are local page indices + 1: pages [10, 11, 12].
-        assert_eq!(seg.visits.entry, vec![1, 3]);
-        assert_eq!(seg.visits.exit, vec![2, 3]);
+        assert_eq!(seg.visits.entry.to_vec(), vec![1, 3]);
+        assert_eq!(seg.visits.exit.to_vec(), vec![2, 3]);
     }
 
     #[test]
     fn a_late_event_merges_two_visits_as_if_it_came_on_time() {
         let on_time = build(0, vec![pv(1, 0, 1), pv(1, 25 * MIN, 2), pv(1, 50 * MIN, 3)]);
         let late_last = build(0, vec![pv(1, 50 * MIN, 3), pv(1, 0, 1), pv(1, 25 * MIN, 2)]);
-        assert_eq!(on_time, late_last);
-        assert_eq!(on_time.visit_count(), 1);
+        assert_eq!(on_time.0.bytes(), late_last.0.bytes());
+        assert_eq!(on_time.0.visit_count(), 1);
         let without = build(0, vec![pv(1, 0, 1), pv(1, 50 * MIN, 3)]);
-        assert_eq!(without.visit_count(), 2);
+        assert_eq!(without.0.visit_count(), 2);
     }
 
     #[test]
-    fn engaged_time_extends_a_visit() {
+    fn engaged_time_keeps_a_visit_open_without_lengthening_it() {
         let mut first = pv(1, 0, 1);
         first.engaged_ms = 20 * MIN as u32;
-        let seg = build(0, vec![first, pv(1, 45 * MIN, 2)]);
+        let (seg, _) = build(0, vec![first, pv(1, 45 * MIN, 2)]);
         assert_eq!(
             seg.visit_count(),
             1,
             "45 min after the start, 25 after the engagement"
         );
-        assert_eq!(seg.visits.duration_s, vec![45 * 60]);
+        assert_eq!(seg.visits.duration_s.to_vec(), vec![45 * 60]);
     }
 
     #[test]
     fn custom_events_count_in_their_visit_and_name_their_page() {
         let mut buy = pv(1, MIN, 2);
         buy.name = Some("buy".into());
-        let seg = build(0, vec![pv(1, 0, 1), buy, pv(2, 0, 1)]);
-        assert_eq!(seg.visits.events, vec![1, 0]);
-        assert_eq!(seg.names, vec!["buy".to_owned()]);
-        assert_eq!(seg.customs.page, vec![1]);
+        let (seg, events) = build(0, vec![pv(1, 0, 1), buy, pv(2, 0, 1)]);
+        assert_eq!(seg.visits.events.to_vec(), vec![1, 0]);
+        assert_eq!(events.names, vec!["buy".to_owned()]);
+        assert_eq!(events.customs.page.to_vec(), vec![1]);
     }
 
     #[test]
-    fn encoding_round_trips_and_is_deterministic() {
+    fn both_parts_round_trip_and_are_deterministic() {
         let mut e = pv(70_000, 5 * MIN, 300);
         e.engaged_ms = 123_456;
         e.scroll = Some(80);
         let mut c = pv(3, 0, 1);
         c.name = Some("sign up".into());
-        let seg = build(1_000_000, vec![e, pv(3, 0, 1), c]);
-        let bytes = seg.encode();
-        assert_eq!(Segment::decode(&bytes).expect("decodes"), seg);
+        let (seg, events) = build(1_000_000, vec![e, pv(3, 0, 1), c]);
+        let again = Segment::decode(seg.bytes().to_vec()).expect("decodes");
+        assert_eq!(again, seg);
         assert_eq!(
-            build(1_000_000, seg_events()).encode(),
-            build(1_000_000, seg_events()).encode()
+            Events::decode(events.bytes().to_vec(), &again).expect("decodes"),
+            events
         );
-        assert!(Segment::decode(&bytes[..bytes.len() - 1]).is_err());
-        let mut bad = bytes.clone();
+        assert_eq!(events.pageviews.engaged_ms.to_vec(), vec![0, 123_456]);
+        let many = || {
+            (0..50)
+                .map(|i| pv(i % 7, i64::from(i) * MIN, i % 5))
+                .collect()
+        };
+        assert_eq!(build(9, many()).0.bytes(), build(9, many()).0.bytes());
+        assert!(Segment::decode(seg.bytes()[..seg.bytes().len() - 1].to_vec()).is_err());
+        let mut bad = seg.bytes().to_vec();
         bad[0] = b'X';
-        assert!(Segment::decode(&bad).is_err());
+        assert!(Segment::decode(bad).is_err());
+        // An events part of another day is refused.
+        let (other, _) = build(0, vec![pv(1, 0, 1)]);
+        assert!(Events::decode(events.bytes().to_vec(), &other).is_err());
     }
 
-    fn seg_events() -> Vec<DayEvent> {
-        (0..50)
-            .map(|i| pv(i % 7, i64::from(i) * MIN, i % 5))
-            .collect()
+    #[test]
+    fn an_index_out_of_its_dictionary_is_refused() {
+        let mut other = pv(2, 0, 2);
+        other.agent = 10;
+        let (seg, _) = build(0, vec![pv(1, 0, 1), other]);
+        let mut bytes = seg.bytes().to_vec();
+        // The last column is the agent index: two agents, so every value must be 0 or 1.
+        let last = bytes.len() - 1;
+        bytes[last] = 5;
+        assert!(Segment::decode(bytes).is_err());
     }
 }

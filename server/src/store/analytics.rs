@@ -1,15 +1,17 @@
 //! Answering analytics questions ([`crate::core::query::Query`]) for a site over a range of
 //! local days: day segments read through [`SegmentSource`], sealed ones kept in memory, open
-//! ones built from their raw events at every read, then one pass of the evaluator.
+//! ones built from their raw events at every read, and every question evaluated day by day.
 //!
 //! Contract:
-//! - **Never stale.** A kept segment is used only under the segment generation it was read
-//!   under; the generation is read in the same snapshot as everything else of a read, and
-//!   whatever deletes or rewrites a stored segment raises it. Open days are read whole at
-//!   every read, so an answer includes every acknowledged event.
-//! - **Bounded.** Kept segments and dictionary entries stay under their budgets (estimated
-//!   bytes); past a budget the oldest kept days are dropped. A read holds its own references,
-//!   so a drop never takes a segment from under a running read.
+//! - **Never stale.** A kept segment part is used only while the day is still sealed at the
+//!   same version, read in the same snapshot as the rest of the index (a write to a sealed
+//!   day deletes its segment; a new seal has a new version). Open days are read whole at every
+//!   read, so an answer includes every acknowledged event. A day unsealed or sealed again
+//!   between the index and the read of its parts restarts the answer.
+//! - **Bounded.** The days of a range are read and evaluated in chunks of [`CHUNK_DAYS`]: a
+//!   question holds at most one chunk it does not keep. Kept parts (visits and events parts
+//!   apart: most questions read only the visits part) stay under the budget, the oldest kept
+//!   first to go. Dictionary entries stay under their own budget.
 //! - Dictionary rows (page paths, dimension tuples) never change once stored, so they are
 //!   kept until their budget is full.
 
@@ -18,18 +20,24 @@ use std::sync::{Arc, Mutex};
 
 use jiff::civil::Date;
 
-use super::{DIM_AGENT, DIM_SOURCE, OTHER_DIM, SegmentSource, StoreError};
+use super::{DIM_AGENT, DIM_SOURCE, OTHER_DIM, PartsWanted, SegmentSource, StoreError};
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
 use crate::core::ids::SiteId;
-use crate::core::query::{self, Answer, Invalid, Query};
-use crate::core::segment::{self, Segment};
+use crate::core::query::{self, Answer, Evaluator, Invalid, Query};
+use crate::core::segment::{self, Events, Segment};
 
-/// Default budget of kept segments, bytes (estimated).
+/// Default budget of kept segment parts, bytes.
 pub const DEFAULT_BUDGET_BYTES: usize = 128 << 20;
+
+/// Days read and evaluated at a time.
+pub const CHUNK_DAYS: usize = 31;
 
 /// Budget of dictionary entries per store, estimated bytes.
 const DICTIONARY_BUDGET: usize = 32 << 20;
+
+/// Attempts of one answer whose days changed under it.
+const ATTEMPTS: usize = 3;
 
 /// Why a question got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +54,6 @@ struct SiteDict {
     pages: HashMap<u32, String>,
     srcs: HashMap<u32, SourceDims>,
     agents: HashMap<u32, AgentDims>,
-    bytes: usize,
 }
 
 impl query::Dictionary for SiteDict {
@@ -91,27 +98,39 @@ fn other_agent() -> AgentDims {
     }
 }
 
+/// Which part of a day is kept.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Part {
+    Visits,
+    Events,
+}
+
+type PartKey = (String, Date, Part);
+
+/// A kept part.
+#[derive(Clone)]
+enum KeptPart {
+    Visits(Arc<Segment>),
+    Events(Arc<Events>),
+}
+
+impl KeptPart {
+    fn size(&self) -> usize {
+        match self {
+            KeptPart::Visits(s) => s.size(),
+            KeptPart::Events(e) => e.size(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Kept {
-    generation: i64,
-    days: HashMap<(String, Date), Arc<Segment>>,
-    /// Kept days in the order they were kept (the oldest go first).
-    order: VecDeque<(String, Date)>,
+    parts: HashMap<PartKey, (i64, KeptPart)>,
+    /// Kept parts in the order they were kept (the oldest go first).
+    order: VecDeque<PartKey>,
     bytes: usize,
     dicts: HashMap<String, Arc<SiteDict>>,
     dict_bytes: usize,
-}
-
-/// Estimated bytes of a decoded segment.
-fn segment_bytes(seg: &Segment) -> usize {
-    let v = &seg.visits;
-    let cols = seg.pages.len()
-        + seg.srcs.len()
-        + seg.agents.len()
-        + v.visitor.len() * 9
-        + seg.pageviews.page.len() * 4
-        + seg.customs.name.len() * 3;
-    cols * 4 + seg.names.iter().map(|n| n.len() + 24).sum::<usize>() + 256
 }
 
 /// The analytics of every site of one store.
@@ -120,6 +139,19 @@ pub struct Analytics {
     kept: Mutex<Kept>,
     budget: usize,
 }
+
+/// A day as evaluated.
+struct DayParts {
+    day: Date,
+    seg: Arc<Segment>,
+    events: Option<Arc<Events>>,
+}
+
+/// The parts of a sealed day at hand so far.
+type Have = (Option<Arc<Segment>>, Option<Arc<Events>>);
+
+/// The answer could not be read as indexed (a day changed under it): start over.
+struct Changed;
 
 impl Analytics {
     pub fn new(source: Arc<dyn SegmentSource>, budget: usize) -> Self {
@@ -136,7 +168,7 @@ impl Analytics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Answer each query over `site`'s local days `from..=to` in `zone`, from one read.
+    /// Answer each query over `site`'s local days `from..=to` in `zone`, from one index.
     pub async fn answer(
         &self,
         site: &SiteId,
@@ -148,88 +180,164 @@ impl Analytics {
         for q in queries {
             q.check()?;
         }
-        let (segments, dict) = self.load(site, zone, from, to).await?;
-        let refs: Vec<(Date, &Segment)> = segments.iter().map(|(d, s)| (*d, &**s)).collect();
-        let mut out = Vec::with_capacity(queries.len());
-        for q in queries {
-            out.push(query::run(q, from, to, zone, &refs, &*dict)?);
+        for attempt in 1..=ATTEMPTS {
+            match self.try_answer(site, zone, from, to, queries).await? {
+                Ok(answers) => return Ok(answers),
+                Err(Changed) if attempt < ATTEMPTS => continue,
+                Err(Changed) => break,
+            }
         }
-        Ok(out)
+        Err(StoreError::Conflict(format!(
+            "the days of {site} kept changing while they were read"
+        ))
+        .into())
     }
 
-    /// The segments of the range (kept, read or built) and the site's dictionary.
-    async fn load(
+    async fn try_answer(
         &self,
         site: &SiteId,
         zone: &SiteZone,
         from: Date,
         to: Date,
-    ) -> Result<(Vec<(Date, Arc<Segment>)>, Arc<SiteDict>), StoreError> {
+        queries: &[Query],
+    ) -> Result<Result<Vec<Answer>, Changed>, AnalyticsError> {
+        let mut evaluators = queries
+            .iter()
+            .map(|q| Evaluator::new(q, from, to, zone))
+            .collect::<Result<Vec<_>, _>>()?;
+        let need_events = evaluators.iter().any(Evaluator::needs_events);
+        let index = self.source.segment_index(site, from, to).await?;
         let name = site.as_str().to_owned();
-        // Hold the kept days of the range before asking, so nothing drops them meanwhile.
-        let (generation, held): (i64, HashMap<Date, Arc<Segment>>) = {
-            let kept = self.kept();
-            let held = kept
-                .days
-                .iter()
-                .filter(|((s, d), _)| *s == name && *d >= from && *d <= to)
-                .map(|((_, d), seg)| (*d, Arc::clone(seg)))
-                .collect();
-            (kept.generation, held)
-        };
-        let input = self
-            .source
-            .segment_input(
-                site,
-                from,
-                to,
-                Some((generation, held.keys().copied().collect())),
-            )
-            .await?;
-        let mut segments = Vec::with_capacity(input.sealed.len() + input.open.len());
-        let mut fresh = Vec::new();
-        for (day, bytes) in input.sealed {
-            match bytes {
-                Some(bytes) => {
-                    let seg = Arc::new(Segment::decode(&bytes).map_err(|e| {
-                        StoreError::Invalid(format!("segment of {name} {day}: {e}"))
-                    })?);
-                    fresh.push((day, Arc::clone(&seg)));
-                    segments.push((day, seg));
+        let mut dict: Arc<SiteDict> = self.kept().dicts.get(&name).cloned().unwrap_or_default();
+        // Open days, built now; then sealed days, chunk by chunk, in day order.
+        let mut open: Vec<DayParts> = index
+            .open
+            .into_iter()
+            .map(|(day, events)| {
+                let (start, _) = zone.span(day, day);
+                let (seg, evs) = segment::build(start.as_millisecond(), events);
+                DayParts {
+                    day,
+                    seg: Arc::new(seg),
+                    events: Some(Arc::new(evs)),
                 }
-                None => match held.get(&day) {
-                    Some(seg) => segments.push((day, Arc::clone(seg))),
-                    None => {
-                        return Err(StoreError::Invalid(format!(
-                            "segment of {name} {day} was not sent nor held"
-                        )));
-                    }
-                },
+            })
+            .collect();
+        open.sort_by_key(|d| d.day);
+        let mut open = open.into_iter().peekable();
+        for chunk in index.sealed.chunks(CHUNK_DAYS) {
+            let Ok(mut days) = self.sealed(site, chunk, need_events).await? else {
+                return Ok(Err(Changed));
+            };
+            // Open days before the end of this chunk go with it, in day order.
+            let last = chunk.last().map(|c| c.0);
+            while let Some(d) = open.next_if(|d| Some(d.day) < last) {
+                days.push(d);
+            }
+            days.sort_by_key(|d| d.day);
+            dict = self.complete(site, dict, &days).await?;
+            for d in &days {
+                for e in &mut evaluators {
+                    e.add(d.day, &d.seg, d.events.as_deref(), &*dict);
+                }
             }
         }
-        for (day, events) in input.open {
-            let (start, _) = zone.span(day, day);
-            segments.push((
-                day,
-                Arc::new(segment::build(start.as_millisecond(), events)),
-            ));
+        let rest: Vec<DayParts> = open.collect();
+        dict = self.complete(site, dict, &rest).await?;
+        for d in &rest {
+            for e in &mut evaluators {
+                e.add(d.day, &d.seg, d.events.as_deref(), &*dict);
+            }
         }
-        self.keep(&name, input.generation, fresh);
-        let dict = self.dictionary(site, &segments).await?;
-        Ok((segments, dict))
+        Ok(Ok(evaluators.into_iter().map(Evaluator::finish).collect()))
     }
 
-    /// Keep freshly read sealed days (under `generation`), within the budget.
-    fn keep(&self, site: &str, generation: i64, fresh: Vec<(Date, Arc<Segment>)>) {
-        let mut kept = self.kept();
-        if kept.generation != generation {
-            kept.days.clear();
-            kept.order.clear();
-            kept.bytes = 0;
-            kept.generation = generation;
+    /// The parts of a chunk of sealed days: kept ones, and the rest read (and kept, within
+    /// the budget). `Err(Changed)` when a day is no longer sealed at its indexed version.
+    async fn sealed(
+        &self,
+        site: &SiteId,
+        chunk: &[(Date, i64)],
+        need_events: bool,
+    ) -> Result<Result<Vec<DayParts>, Changed>, StoreError> {
+        let name = site.as_str();
+        let mut have: HashMap<Date, Have> = HashMap::new();
+        let mut wanted = Vec::new();
+        {
+            let kept = self.kept();
+            for &(day, version) in chunk {
+                let get = |part| {
+                    kept.parts
+                        .get(&(name.to_owned(), day, part))
+                        .filter(|(v, _)| *v == version)
+                        .map(|(_, p)| p.clone())
+                };
+                let seg = match get(Part::Visits) {
+                    Some(KeptPart::Visits(s)) => Some(s),
+                    _ => None,
+                };
+                let events = match get(Part::Events) {
+                    Some(KeptPart::Events(e)) if need_events => Some(e),
+                    _ => None,
+                };
+                let missing_visits = seg.is_none();
+                let missing_events = need_events && events.is_none();
+                if missing_visits || missing_events {
+                    wanted.push(PartsWanted {
+                        day,
+                        version,
+                        visits: missing_visits,
+                        events: missing_events,
+                    });
+                }
+                have.insert(day, (seg, events));
+            }
         }
-        for (day, seg) in fresh {
-            let bytes = segment_bytes(&seg);
+        if !wanted.is_empty() {
+            let read = self.source.segment_parts(site, wanted.clone()).await?;
+            if read.len() != wanted.len() {
+                return Ok(Err(Changed));
+            }
+            let mut fresh = Vec::new();
+            for p in read {
+                let slot = have.entry(p.day).or_default();
+                if let Some(bytes) = p.visits {
+                    let seg = Arc::new(Segment::decode(bytes).map_err(|e| {
+                        StoreError::Invalid(format!("segment of {name} {}: {e}", p.day))
+                    })?);
+                    fresh.push((p.day, p.version, KeptPart::Visits(Arc::clone(&seg))));
+                    slot.0 = Some(seg);
+                }
+                if let Some(bytes) = p.events {
+                    let Some(seg) = &slot.0 else {
+                        return Ok(Err(Changed));
+                    };
+                    let events = Arc::new(Events::decode(bytes, seg).map_err(|e| {
+                        StoreError::Invalid(format!("segment events of {name} {}: {e}", p.day))
+                    })?);
+                    fresh.push((p.day, p.version, KeptPart::Events(Arc::clone(&events))));
+                    slot.1 = Some(events);
+                }
+            }
+            self.keep(name, fresh);
+        }
+        let mut days = Vec::with_capacity(chunk.len());
+        for &(day, _) in chunk {
+            match have.remove(&day) {
+                Some((Some(seg), events)) if events.is_some() || !need_events => {
+                    days.push(DayParts { day, seg, events })
+                }
+                _ => return Ok(Err(Changed)),
+            }
+        }
+        Ok(Ok(days))
+    }
+
+    /// Keep freshly read parts, within the budget.
+    fn keep(&self, site: &str, fresh: Vec<(Date, i64, KeptPart)>) {
+        let mut kept = self.kept();
+        for (day, version, part) in fresh {
+            let bytes = part.size();
             if bytes > self.budget {
                 continue;
             }
@@ -237,47 +345,45 @@ impl Analytics {
                 let Some(old) = kept.order.pop_front() else {
                     break;
                 };
-                if let Some(gone) = kept.days.remove(&old) {
-                    kept.bytes -= segment_bytes(&gone);
+                if let Some((_, gone)) = kept.parts.remove(&old) {
+                    kept.bytes -= gone.size();
                 }
             }
-            let key = (site.to_owned(), day);
-            if kept.days.insert(key.clone(), seg).is_none() {
-                kept.order.push_back(key);
-                kept.bytes += bytes;
+            let which = match part {
+                KeptPart::Visits(_) => Part::Visits,
+                KeptPart::Events(_) => Part::Events,
+            };
+            let key = (site.to_owned(), day, which);
+            match kept.parts.insert(key.clone(), (version, part)) {
+                Some((_, old)) => kept.bytes -= old.size(),
+                None => kept.order.push_back(key),
             }
+            kept.bytes += bytes;
         }
     }
 
-    /// The site's dictionary, completed with the ids these segments use.
-    async fn dictionary(
+    /// `dict` with the ids these days use added (read from the store once, then kept).
+    async fn complete(
         &self,
         site: &SiteId,
-        segments: &[(Date, Arc<Segment>)],
+        dict: Arc<SiteDict>,
+        days: &[DayParts],
     ) -> Result<Arc<SiteDict>, StoreError> {
-        let current = self
-            .kept()
-            .dicts
-            .get(site.as_str())
-            .cloned()
-            .unwrap_or_default();
         let mut pages: Vec<u32> = Vec::new();
         let mut dims: Vec<u32> = Vec::new();
-        for (_, seg) in segments {
-            pages.extend(
-                seg.pages
+        for d in days {
+            pages.extend(d.seg.pages.iter().filter(|id| !dict.pages.contains_key(id)));
+            dims.extend(
+                d.seg
+                    .srcs
                     .iter()
-                    .filter(|id| !current.pages.contains_key(id)),
+                    .filter(|id| *id != 0 && !dict.srcs.contains_key(id)),
             );
             dims.extend(
-                seg.srcs
+                d.seg
+                    .agents
                     .iter()
-                    .filter(|id| **id != 0 && !current.srcs.contains_key(id)),
-            );
-            dims.extend(
-                seg.agents
-                    .iter()
-                    .filter(|id| **id != 0 && !current.agents.contains_key(id)),
+                    .filter(|id| *id != 0 && !dict.agents.contains_key(id)),
             );
         }
         pages.sort_unstable();
@@ -285,16 +391,14 @@ impl Analytics {
         dims.sort_unstable();
         dims.dedup();
         if pages.is_empty() && dims.is_empty() {
-            return Ok(current);
+            return Ok(dict);
         }
         let rows = self.source.dictionary(site, pages, dims).await?;
-        let mut kept = self.kept();
-        let entry = kept.dicts.entry(site.as_str().to_owned()).or_default();
-        let dict = Arc::make_mut(entry);
+        let mut grown = (*dict).clone();
         let mut added = 0;
         for (id, path) in rows.pages {
             added += path.len() + 48;
-            dict.pages.insert(id, path);
+            grown.pages.insert(id, path);
         }
         for (id, kind, value) in rows.dims {
             added += value.len() * 2 + 200;
@@ -305,7 +409,7 @@ impl Analytics {
                     } else {
                         SourceDims::decode(&value)
                     };
-                    dict.srcs.insert(id, v);
+                    grown.srcs.insert(id, v);
                 }
                 DIM_AGENT => {
                     let v = if value == OTHER_DIM {
@@ -313,19 +417,21 @@ impl Analytics {
                     } else {
                         AgentDims::decode(&value)
                     };
-                    dict.agents.insert(id, v);
+                    grown.agents.insert(id, v);
                 }
                 _ => {}
             }
         }
-        dict.bytes += added;
-        let out = Arc::clone(entry);
+        let grown = Arc::new(grown);
+        let mut kept = self.kept();
         kept.dict_bytes += added;
         if kept.dict_bytes > DICTIONARY_BUDGET {
             // Start over; this read keeps its own copy.
             kept.dicts.clear();
-            kept.dict_bytes = 0;
+            kept.dict_bytes = added;
         }
-        Ok(out)
+        kept.dicts
+            .insert(site.as_str().to_owned(), Arc::clone(&grown));
+        Ok(grown)
     }
 }

@@ -333,21 +333,37 @@ pub struct Visits {
     pub badge: u64,
 }
 
-/// What the analytics of one site over a range of local days read, from ONE snapshot
-/// ([`SegmentSource::segment_input`]).
+/// The days of one site over a range, as the analytics read them, from ONE snapshot
+/// ([`SegmentSource::segment_index`]).
 #[derive(Debug, Clone, Default)]
-pub struct SegmentInput {
-    /// The segment generation: raised in the transaction of whatever deletes or rewrites a
-    /// stored segment, so a segment kept in memory under the same generation is still the
-    /// stored one.
-    pub generation: i64,
-    /// The sealed days of the range, each with its stored bytes, or `None` when the caller
-    /// said it holds that day under this generation.
-    pub sealed: Vec<(Date, Option<Vec<u8>>)>,
+pub struct SegmentIndex {
+    /// The sealed days of the range, each with the version of its segment (new at every
+    /// seal, so a kept copy of the same version is the stored one).
+    pub sealed: Vec<(Date, i64)>,
     /// The other days of the range with web events: their events, visitor numbers resolved
     /// (a key without a stored number gets one of this answer only, at or above
     /// [`TEMP_NUMBERS`]).
     pub open: Vec<(Date, Vec<crate::core::segment::DayEvent>)>,
+}
+
+/// The stored parts of one sealed day ([`SegmentSource::segment_parts`]).
+#[derive(Debug, Clone)]
+pub struct SegmentParts {
+    pub day: Date,
+    pub version: i64,
+    /// The visits part, when asked for.
+    pub visits: Option<Vec<u8>>,
+    /// The events part, when asked for.
+    pub events: Option<Vec<u8>>,
+}
+
+/// One sealed day wanted from [`SegmentSource::segment_parts`]: its version, and which parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartsWanted {
+    pub day: Date,
+    pub version: i64,
+    pub visits: bool,
+    pub events: bool,
 }
 
 /// Visitor numbers at or above this are given for one read only (keys not sealed yet); stored
@@ -363,26 +379,34 @@ pub struct DictionaryRows {
 }
 
 /// The day segments of sites (`core::segment`): sealed days as stored, the rest read from raw
-/// events. Contract (both backends, `tests/it/store_conformance.rs`):
-/// - A day is sealed only once no event of it can arrive any more (the caller decides which
-///   days: see `collect::seal`), and its segment is exactly [`crate::core::segment::build`] of
-///   its raw web events with their stored visitor numbers.
-/// - Whatever adds raw events to a sealed day (an import) deletes its segment in the same
-///   transaction and raises the generation; the day is sealed again later. A seal that raced
-///   such a write is not stored.
+/// events. Contract (both backends, `tests/it/segment_store.rs`):
+/// - A day is sealed only once it is over (the caller decides which days: `collect::seal`),
+///   and its segment is exactly [`crate::core::segment::build`] of its raw web events with
+///   their stored visitor numbers.
+/// - Whatever writes an event of a sealed day (a late hit, an engagement report, an import)
+///   deletes its segment in the same transaction; the day is sealed again later. A seal that
+///   raced such a write is not stored (SQLite: the day's write count changed; PostgreSQL:
+///   writers and seals of a day take its advisory lock).
 /// - Reads never write: a key of an open day without a stored number gets a number of that
 ///   read only.
 #[async_trait]
 pub trait SegmentSource: Send + Sync {
-    /// The sealed and open days of `site` in `from..=to` ([`SegmentInput`]); `have` is the
-    /// generation and the sealed days the caller already holds.
-    async fn segment_input(
+    /// The sealed days of `site` in `from..=to` with their versions, and the raw events of the
+    /// other days, in one snapshot.
+    async fn segment_index(
         &self,
         site: &SiteId,
         from: Date,
         to: Date,
-        have: Option<(i64, Vec<Date>)>,
-    ) -> Result<SegmentInput, StoreError>;
+    ) -> Result<SegmentIndex, StoreError>;
+
+    /// The asked parts of sealed days of `site`, for the days still sealed at the asked
+    /// version (a day unsealed or sealed again since is left out).
+    async fn segment_parts(
+        &self,
+        site: &SiteId,
+        wanted: Vec<PartsWanted>,
+    ) -> Result<Vec<SegmentParts>, StoreError>;
 
     /// The paths and tuples of the given ids of `site` (unknown ids are left out).
     async fn dictionary(

@@ -62,7 +62,18 @@ async fn events_json_ranks_names_with_their_days_and_the_panel_shows_them() {
         .await
         .expect("html");
     assert!(html.contains(r#"<table id="events">"#), "{html}");
-    assert!(html.contains("signup") && html.contains("2026-05-10: 2"));
+    // Ranked by visitors, then events: signup (3 events) above the escaped download (1).
+    let signup = html
+        .find(">signup</a></td><td class=\"n\">")
+        .expect("signup row");
+    let download = html
+        .find("&#60;b&#62;download&#60;/b&#62;</a>")
+        .expect("download row");
+    assert!(signup < download, "{html}");
+    assert!(
+        html[signup..download].contains(r#"<td class="n">3</td>"#),
+        "{html}"
+    );
     assert!(!html.contains("<b>download</b>"), "event names are escaped");
     app.stop().await;
 }

@@ -12,9 +12,9 @@ use tally::core::hit::HitKind;
 use tally::core::ids::{EventId, PagePath, SiteId, VisitorKey};
 use tally::core::query::{Dimension, Filter, Metric, Op, Query, Value, VisitDim};
 use tally::core::record::{Dims, Outcome, Record, Source};
-use tally::core::segment::{self, Segment};
+use tally::core::segment::{self, Events, Segment};
 use tally::store::analytics::Analytics;
-use tally::store::{DIM_CAP, ImportOptions, Store, TEMP_NUMBERS};
+use tally::store::{DIM_CAP, ImportOptions, PartsWanted, SegmentIndex, Store, TEMP_NUMBERS};
 
 use crate::store_conformance::Harness;
 
@@ -78,6 +78,32 @@ fn day_start(day: Date) -> i64 {
     SiteZone::utc().span(day, day).0.as_millisecond()
 }
 
+/// The index of `from..=to` of `store`, and both decoded parts of each of its sealed days.
+async fn read(store: &dyn Store, from: Date, to: Date) -> (SegmentIndex, Vec<(Segment, Events)>) {
+    let index = store.segment_index(&site(), from, to).await.expect("index");
+    let wanted = index
+        .sealed
+        .iter()
+        .map(|&(day, version)| PartsWanted {
+            day,
+            version,
+            visits: true,
+            events: true,
+        })
+        .collect();
+    let parts = store.segment_parts(&site(), wanted).await.expect("parts");
+    assert_eq!(parts.len(), index.sealed.len(), "every sealed day is there");
+    let decoded = parts
+        .into_iter()
+        .map(|p| {
+            let seg = Segment::decode(p.visits.expect("visits")).expect("decodes");
+            let events = Events::decode(p.events.expect("events"), &seg).expect("decodes");
+            (seg, events)
+        })
+        .collect();
+    (index, decoded)
+}
+
 async fn engagement_keeps_the_largest_values_and_tuples_are_stored(db: &impl Harness) {
     let store = db.handle(None);
     let v = view(
@@ -119,10 +145,7 @@ async fn engagement_keeps_the_largest_values_and_tuples_are_stored(db: &impl Har
         vec![Outcome::Duplicate],
         "no page view to report on"
     );
-    let input = store
-        .segment_input(&site(), D1, D1, None)
-        .await
-        .expect("input");
+    let (input, _) = read(&*store, D1, D1).await;
     assert!(input.sealed.is_empty());
     let (day, events) = &input.open[0];
     assert_eq!(*day, D1);
@@ -176,10 +199,7 @@ async fn a_sealed_day_is_the_build_of_its_events(db: &impl Harness) {
         store.unsealed_days(&site(), D2, 10).await.expect("days"),
         vec![D1, D2]
     );
-    let open = store
-        .segment_input(&site(), D1, D1, None)
-        .await
-        .expect("input");
+    let (open, _) = read(&*store, D1, D1).await;
     assert!(
         store
             .seal_day(&site(), D1, day_start(D1))
@@ -206,37 +226,47 @@ async fn a_sealed_day_is_the_build_of_its_events(db: &impl Harness) {
             .expect("days")
             .is_empty()
     );
-    let input = store
-        .segment_input(&site(), D1, D2, None)
-        .await
-        .expect("input");
+    let (input, segs) = read(&*store, D1, D2).await;
     assert!(input.open.is_empty());
-    let segs: Vec<Segment> = input
-        .sealed
-        .iter()
-        .map(|(_, b)| Segment::decode(b.as_deref().expect("bytes")).expect("decodes"))
-        .collect();
-    // The same visits as the open read, with stored numbers instead of read-only ones.
-    let built = segment::build(day_start(D1), open.open[0].1.clone());
-    assert_eq!(segs[0].visits.pageviews, built.visits.pageviews);
-    assert_eq!(segs[0].visit_count(), 2);
-    assert!(segs[0].visits.visitor.iter().all(|n| *n < TEMP_NUMBERS));
+    assert_ne!(input.sealed[0].1, input.sealed[1].1, "a version per seal");
+    // The same visits and events as the open read, with stored numbers instead of read-only
+    // ones.
+    let (built, built_events) = segment::build(day_start(D1), open.open[0].1.clone());
+    let (seg1, events1) = &segs[0];
+    assert_eq!(
+        seg1.visits.pageviews.to_vec(),
+        built.visits.pageviews.to_vec()
+    );
+    assert_eq!(seg1.pages.to_vec(), built.pages.to_vec());
+    assert_eq!(
+        events1.pageviews.page.to_vec(),
+        built_events.pageviews.page.to_vec()
+    );
+    assert_eq!(seg1.pageview_count, 3);
+    assert_eq!(seg1.visit_count(), 2);
+    assert!(seg1.visits.visitor.iter().all(|n| n < TEMP_NUMBERS));
     // Visitor 1 keeps one number on both days.
-    let v1_day1 = segs[0].visits.visitor[0];
-    assert_eq!(segs[1].visits.visitor, vec![v1_day1]);
-    // A holder of the days gets no bytes again under the same generation.
-    let again = store
-        .segment_input(&site(), D1, D2, Some((input.generation, vec![D1, D2])))
+    let v1_day1 = seg1.visits.visitor.get(0);
+    assert_eq!(segs[1].0.visits.visitor.to_vec(), vec![v1_day1]);
+    // Asking for a version that is not stored gives nothing.
+    let stale = store
+        .segment_parts(
+            &site(),
+            vec![PartsWanted {
+                day: D1,
+                version: input.sealed[0].1 + 1_000,
+                visits: true,
+                events: false,
+            }],
+        )
         .await
-        .expect("input");
-    assert!(again.sealed.iter().all(|(_, b)| b.is_none()));
+        .expect("parts");
+    assert!(stale.is_empty());
     // A second handle sees the same (numbers are stored, not per process).
     let other = db.handle(None);
-    let input2 = other
-        .segment_input(&site(), D1, D2, None)
-        .await
-        .expect("input");
+    let (input2, segs2) = read(&*other, D1, D2).await;
     assert_eq!(input2.sealed, input.sealed);
+    assert_eq!(segs2, segs);
 }
 
 async fn an_import_into_a_sealed_day_unseals_it(db: &impl Harness) {
@@ -257,10 +287,7 @@ async fn an_import_into_a_sealed_day_unseals_it(db: &impl Harness) {
             .await
             .expect("seal")
     );
-    let before = store
-        .segment_input(&site(), D1, D1, None)
-        .await
-        .expect("input");
+    let (before, _) = read(&*store, D1, D1).await;
     let out = store
         .import_events(
             vec![view(
@@ -275,11 +302,7 @@ async fn an_import_into_a_sealed_day_unseals_it(db: &impl Harness) {
         .await
         .expect("import");
     assert_eq!(out, vec![Outcome::Accepted]);
-    let after = store
-        .segment_input(&site(), D1, D1, None)
-        .await
-        .expect("input");
-    assert!(after.generation > before.generation);
+    let (after, _) = read(&*store, D1, D1).await;
     assert!(after.sealed.is_empty(), "unsealed");
     assert_eq!(after.open[0].1.len(), 2);
     assert_eq!(
@@ -292,12 +315,9 @@ async fn an_import_into_a_sealed_day_unseals_it(db: &impl Harness) {
             .await
             .expect("seal")
     );
-    let resealed = store
-        .segment_input(&site(), D1, D1, None)
-        .await
-        .expect("input");
-    let seg = Segment::decode(resealed.sealed[0].1.as_deref().expect("bytes")).expect("seg");
-    assert_eq!(seg.visit_count(), 2);
+    let (resealed, segs) = read(&*store, D1, D1).await;
+    assert_ne!(resealed.sealed[0].1, before.sealed[0].1, "a new version");
+    assert_eq!(segs[0].0.visit_count(), 2);
 }
 
 async fn tuples_beyond_the_cap_count_as_other(db: &impl Harness) {
@@ -317,10 +337,7 @@ async fn tuples_beyond_the_cap_count_as_other(db: &impl Harness) {
         })
         .collect();
     store.commit(records).await.expect("commit");
-    let input = store
-        .segment_input(&site(), D1, D1, None)
-        .await
-        .expect("input");
+    let (input, _) = read(&*store, D1, D1).await;
     let mut srcs: Vec<u32> = input.open[0].1.iter().map(|e| e.src).collect();
     srcs.sort_unstable();
     srcs.dedup();
@@ -507,12 +524,8 @@ async fn verify_recounts_segments_and_repairs_them(db: &impl Harness) {
     assert!(repaired.repaired);
     assert!(store.verify(false).await.expect("verify").drift.is_empty());
     // The repaired segment answers like the original.
-    let input = store
-        .segment_input(&site(), D1, D1, None)
-        .await
-        .expect("input");
-    let seg = Segment::decode(input.sealed[0].1.as_deref().expect("bytes")).expect("decodes");
-    assert_eq!(seg.visit_count(), 2);
+    let (_, segs) = read(&*store, D1, D1).await;
+    assert_eq!(segs[0].0.visit_count(), 2);
 }
 
 macro_rules! segment_checks {

@@ -1608,7 +1608,7 @@ pub(crate) mod sqlite_backend {
                     [by],
                 ),
                 Tamper::TruncateSegments => conn.execute(
-                    "UPDATE segments SET data = substr(data, 1, length(data) - 1) \
+                    "UPDATE segments SET visits = substr(visits, 1, length(visits) - 1) \
                      WHERE site = (SELECT id FROM site_keys WHERE name = 's')",
                     [],
                 ),
@@ -1892,7 +1892,7 @@ pub(crate) mod postgres {
                      WHERE site = (SELECT id FROM site_keys WHERE name = 's')"
                 )),
                 Tamper::TruncateSegments => self.0.exec(
-                    "UPDATE segments SET data = substring(data from 1 for length(data) - 1) \
+                    "UPDATE segments SET visits = substring(visits from 1 for length(visits) - 1) \
                      WHERE site = (SELECT id FROM site_keys WHERE name = 's')",
                 ),
             };

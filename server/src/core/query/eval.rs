@@ -1,19 +1,23 @@
-//! Answering a [`Query`] from day segments in one pass over their visits.
+//! Answering a [`Query`] from day segments: an [`Evaluator`] is fed one day at a time (so a
+//! year is never held whole by one question) and passes once over each day's visits.
 //!
 //! Per segment, every value a question looks at is resolved once per local dictionary entry
-//! (a few hundred per day), not per visit: filters become one flag per local source, agent,
-//! page and name, dimensions one interned value number each. The pass over visits then only
-//! indexes small tables. Distinct visitors are exact (a bitmap of visitor numbers per row).
+//! (`local`); the pass over visits then only indexes small tables. Events are walked only
+//! when the question keys, filters or measures them; otherwise a visit's own counts say it
+//! all. Distinct visitors are exact: per row, the visitor numbers of a day (which come in
+//! ascending order, visits being sorted by visitor) are gathered and merged into the row's
+//! bitmap once per day.
 
 use std::collections::HashMap;
 
 use jiff::civil::Date;
 use roaring::RoaringBitmap;
 
-use super::{Dimension, Filter, Grain, Invalid, Metric, OrderKey, Query, VisitDim};
+use super::local::{self, Filters, Local, Memo, Slot, Values, bucket_label};
+use super::{Dimension, Grain, Invalid, Metric, OrderKey, Query};
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
-use crate::core::segment::Segment;
+use crate::core::segment::{Events, Segment};
 
 /// What the evaluator needs to know of stored ids.
 pub trait Dictionary {
@@ -64,8 +68,8 @@ pub struct Answer {
 #[derive(Default)]
 struct Acc {
     visitors: RoaringBitmap,
-    /// The visitor inserted last (visits come sorted by visitor: a repeat skips the bitmap).
-    last: Option<u32>,
+    /// This day's visitors not yet in `visitors`, ascending.
+    fresh: Vec<u32>,
     visits: u64,
     pageviews: u64,
     events: u64,
@@ -83,30 +87,33 @@ struct Acc {
 }
 
 impl Acc {
-    fn visitor(&mut self, visitor: u32) {
-        if self.last != Some(visitor) {
-            self.last = Some(visitor);
-            self.visitors.insert(visitor);
+    /// Count `visitor` in this row (visits of a day come in ascending visitor order).
+    #[inline]
+    fn visitor(&mut self, visitor: u32, dirty: &mut Vec<usize>, row: usize) {
+        match self.fresh.last() {
+            Some(&last) if last == visitor => {}
+            Some(&last) if last > visitor => {
+                // Out of order (never from a built segment): straight in.
+                self.visitors.insert(visitor);
+            }
+            last => {
+                if last.is_none() {
+                    dirty.push(row);
+                }
+                self.fresh.push(visitor);
+            }
         }
     }
-}
 
-/// Interned values of one dimension.
-#[derive(Default)]
-struct Values {
-    ids: HashMap<String, u32>,
-    names: Vec<String>,
-}
-
-impl Values {
-    fn id(&mut self, value: &str) -> u32 {
-        if let Some(id) = self.ids.get(value) {
-            return *id;
+    /// Merge the day's visitors into the bitmap.
+    fn settle(&mut self) {
+        if self.fresh.is_empty() {
+            return;
         }
-        let id = self.names.len() as u32;
-        self.names.push(value.to_owned());
-        self.ids.insert(value.to_owned(), id);
-        id
+        // Taken, not drained: a row seen on one day keeps no buffer.
+        if let Ok(day) = RoaringBitmap::from_sorted_iter(std::mem::take(&mut self.fresh)) {
+            self.visitors |= day;
+        }
     }
 }
 
@@ -122,12 +129,12 @@ struct Rows {
 }
 
 impl Rows {
+    #[inline]
     fn at(&mut self, key: &[u32]) -> usize {
         match key {
             [] if !self.accs.is_empty() => return 0,
             [v] => {
-                let v = *v as usize;
-                if let Some(&r) = self.dense.get(v)
+                if let Some(&r) = self.dense.get(*v as usize)
                     && r > 0
                 {
                     return r as usize - 1;
@@ -159,276 +166,201 @@ impl Rows {
     }
 }
 
-/// A visit dimension's value for a source or agent tuple.
-fn visit_value<'a>(dim: VisitDim, src: &'a SourceDims, agent: &'a AgentDims) -> &'a str {
-    match dim {
-        VisitDim::Source => &src.source,
-        VisitDim::Referrer => &src.referrer,
-        VisitDim::Channel => &src.channel,
-        VisitDim::UtmSource => &src.utm_source,
-        VisitDim::UtmMedium => &src.utm_medium,
-        VisitDim::UtmCampaign => &src.utm_campaign,
-        VisitDim::UtmTerm => &src.utm_term,
-        VisitDim::UtmContent => &src.utm_content,
-        VisitDim::Browser => &agent.browser,
-        VisitDim::BrowserVersion => &agent.browser_version,
-        VisitDim::Os => &agent.os,
-        VisitDim::OsVersion => &agent.os_version,
-        VisitDim::Device => &agent.device,
-        VisitDim::Country => &agent.country,
-        VisitDim::Region => &agent.region,
-        VisitDim::EntryPage | VisitDim::ExitPage => "",
-    }
-}
-
-fn is_agent_dim(dim: VisitDim) -> bool {
-    matches!(
-        dim,
-        VisitDim::Browser
-            | VisitDim::BrowserVersion
-            | VisitDim::Os
-            | VisitDim::OsVersion
-            | VisitDim::Device
-            | VisitDim::Country
-            | VisitDim::Region
-    )
-}
-
-/// Where a dimension's value comes from in a segment.
+/// Where an event sits in a segment.
 #[derive(Clone, Copy)]
-enum Slot {
-    Src(VisitDim),
-    Agent(VisitDim),
-    Entry,
-    Exit,
-    Page,
-    Name,
-    Time(Grain),
+enum EventAt {
+    Pageview(usize),
+    Custom(usize),
 }
 
-fn slot(d: Dimension) -> Slot {
-    match d {
-        Dimension::Visit(VisitDim::EntryPage) => Slot::Entry,
-        Dimension::Visit(VisitDim::ExitPage) => Slot::Exit,
-        Dimension::Visit(v) if is_agent_dim(v) => Slot::Agent(v),
-        Dimension::Visit(v) => Slot::Src(v),
-        Dimension::Page => Slot::Page,
-        Dimension::Name => Slot::Name,
-        Dimension::Time(g) => Slot::Time(g),
-    }
-}
-
-static EMPTY_SRC: SourceDims = SourceDims {
-    referrer: String::new(),
-    source: String::new(),
-    channel: String::new(),
-    utm_source: String::new(),
-    utm_medium: String::new(),
-    utm_campaign: String::new(),
-    utm_term: String::new(),
-    utm_content: String::new(),
-};
-
-static EMPTY_AGENT: AgentDims = AgentDims {
-    browser: String::new(),
-    browser_version: String::new(),
-    os: String::new(),
-    os_version: String::new(),
-    device: String::new(),
-    country: String::new(),
-    region: String::new(),
-};
-
-/// A page view's name for `event:name`.
-const PAGEVIEW: &str = "pageview";
-
-/// Per-segment tables: every local dictionary entry resolved once.
-struct Local {
-    src_ok: Vec<bool>,
-    agent_ok: Vec<bool>,
-    /// Indexed by local page + 1 (0: no page view).
-    entry_ok: Vec<bool>,
-    exit_ok: Vec<bool>,
-    /// Event filters: per local page, per local name, and for page views.
-    page_ok: Vec<bool>,
-    name_ok: Vec<bool>,
-    pageview_ok: bool,
-    /// Per dimension position: value number per local index of its slot.
-    values: Vec<Vec<u32>>,
-    /// `event:name`'s value number of page views, per dimension position (unused elsewhere).
-    pageview_value: Vec<u32>,
-    /// Local time of day boundaries, for hours: (seconds from the day's start, hour).
-    hours: Vec<(u32, i8)>,
-    /// Per dimension position of a time dimension: the day's bucket value number (day, week,
-    /// month), or the value number of each entry of `hours`.
-    time_ids: Vec<Vec<u32>>,
-}
-
-/// Answer `query` from the segments of the local days `from..=to` of a site in `zone`
-/// (`segments` holds the days that have data, any order).
-pub fn run(
-    query: &Query,
+/// One question being answered, day by day.
+pub struct Evaluator<'q> {
+    query: &'q Query,
     from: Date,
     to: Date,
-    zone: &SiteZone,
-    segments: &[(Date, &Segment)],
-    dict: &dyn Dictionary,
-) -> Result<Answer, Invalid> {
-    query.check()?;
-    let dims = &query.dimensions;
-    let slots: Vec<Slot> = dims.iter().map(|d| slot(*d)).collect();
-    let event_rows = dims.iter().any(|d| d.is_event());
-    let (visit_filters, event_filters): (Vec<&Filter>, Vec<&Filter>) =
-        query.filters.iter().partition(|f| !f.dimension.is_event());
-    let page_filters: Vec<&Filter> = event_filters
-        .iter()
-        .copied()
-        .filter(|f| f.dimension == Dimension::Page)
-        .collect();
-    let mut values: Vec<Values> = dims.iter().map(|_| Values::default()).collect();
-    let mut rows = Rows::default();
-    let mut total = RoaringBitmap::new();
-    // Filter verdicts and value numbers by stored id, across segments.
-    let mut src_memo: HashMap<u32, (bool, Vec<u32>)> = HashMap::new();
-    let mut agent_memo: HashMap<u32, (bool, Vec<u32>)> = HashMap::new();
-    let mut page_memo: HashMap<u32, (bool, bool, bool, Vec<u32>)> = HashMap::new();
-    let mut key = vec![0u32; dims.len()];
-    let has_page_dim = dims.contains(&Dimension::Page);
-    let has_name_dim = dims.contains(&Dimension::Name);
-    let want_total = query.metrics.contains(&Metric::Percentage);
-    // Whether events must be visited one by one: to key them by their page, name or hour, to
-    // filter them, or for their engagement. Otherwise a visit's counts say it all.
-    let need_events = event_rows
-        || !event_filters.is_empty()
-        || dims.contains(&Dimension::Time(Grain::Hour))
-        || query
-            .metrics
-            .iter()
-            .any(|m| matches!(m, Metric::TimeOnPage | Metric::ScrollDepth));
-    for (day, seg) in segments {
-        let local = resolve(
+    zone: SiteZone,
+    slots: Vec<Slot>,
+    filters: Filters<'q>,
+    has_page_filter: bool,
+    event_rows: bool,
+    has_page_dim: bool,
+    has_name_dim: bool,
+    want_total: bool,
+    need_events: bool,
+    values: Vec<Values>,
+    memo: Memo,
+    rows: Rows,
+    total: RoaringBitmap,
+    total_fresh: Vec<u32>,
+    key: Vec<u32>,
+    /// Rows with visitors of the current day not yet merged.
+    dirty: Vec<usize>,
+    /// This visit's event contributions per row: (row, engaged ms, engaged?, scroll max + 1).
+    touched: Vec<(usize, u64, bool, u32)>,
+}
+
+impl<'q> Evaluator<'q> {
+    /// A question over the local days `from..=to` of a site in `zone`.
+    pub fn new(query: &'q Query, from: Date, to: Date, zone: &SiteZone) -> Result<Self, Invalid> {
+        query.check()?;
+        let dims = &query.dimensions;
+        let (visit, event) = query.filters.iter().partition(|f| !f.dimension.is_event());
+        let filters = Filters { visit, event };
+        let event_rows = dims.iter().any(|d| d.is_event());
+        let need_events = event_rows
+            || !filters.event.is_empty()
+            || dims.contains(&Dimension::Time(Grain::Hour))
+            || query
+                .metrics
+                .iter()
+                .any(|m| matches!(m, Metric::TimeOnPage | Metric::ScrollDepth));
+        Ok(Self {
             query,
-            &slots,
-            (&visit_filters, &event_filters, &page_filters),
-            (*day, from),
-            zone,
+            from,
+            to,
+            zone: zone.clone(),
+            slots: dims.iter().map(|d| local::slot(*d)).collect(),
+            has_page_filter: filters.event.iter().any(|f| f.dimension == Dimension::Page),
+            filters,
+            event_rows,
+            has_page_dim: dims.contains(&Dimension::Page),
+            has_name_dim: dims.contains(&Dimension::Name),
+            want_total: query.metrics.contains(&Metric::Percentage),
+            need_events,
+            values: dims.iter().map(|_| Values::default()).collect(),
+            memo: Memo::default(),
+            rows: Rows::default(),
+            total: RoaringBitmap::new(),
+            total_fresh: Vec::new(),
+            key: vec![0; dims.len()],
+            dirty: Vec::new(),
+            touched: Vec::new(),
+        })
+    }
+
+    /// Whether this question reads the events part of a day (else the visits part is enough).
+    pub fn needs_events(&self) -> bool {
+        self.need_events
+    }
+
+    /// Count one day: its visits part, and its events part when [`Evaluator::needs_events`]
+    /// (a day given without it is counted as if it had no events).
+    pub fn add(
+        &mut self,
+        day: Date,
+        seg: &Segment,
+        events: Option<&Events>,
+        dict: &dyn Dictionary,
+    ) {
+        let events = if self.need_events { events } else { None };
+        if self.need_events && events.is_none() {
+            return;
+        }
+        let local = local::resolve(
+            &self.slots,
+            &self.filters,
+            (day, self.from),
+            &self.zone,
             seg,
+            events,
             dict,
-            &mut values,
-            (&mut src_memo, &mut agent_memo, &mut page_memo),
+            &mut self.values,
+            &mut self.memo,
         );
         let v = &seg.visits;
         let (mut pv_at, mut ev_at) = (0usize, 0usize);
-        // This visit's contributions per row: (row, engaged ms, engaged?, scroll max + 1).
-        let mut touched: Vec<(usize, u64, bool, u32)> = Vec::new();
         for i in 0..seg.visit_count() {
-            let (pvs, evs) = (v.pageviews[i] as usize, v.events[i] as usize);
+            let (pvs, evs) = (v.pageviews.get(i) as usize, v.events.get(i) as usize);
             let (pv_range, ev_range) = (pv_at..pv_at + pvs, ev_at..ev_at + evs);
             pv_at += pvs;
             ev_at += evs;
-            if !(local.src_ok[v.src[i] as usize]
-                && local.agent_ok[v.agent[i] as usize]
-                && local.entry_ok[v.entry[i] as usize]
-                && local.exit_ok[v.exit[i] as usize])
+            let (src, agent, entry, exit) = (
+                v.src.get(i) as usize,
+                v.agent.get(i) as usize,
+                v.entry.get(i) as usize,
+                v.exit.get(i) as usize,
+            );
+            if !(local.src_ok[src]
+                && local.agent_ok[agent]
+                && local.entry_ok[entry]
+                && local.exit_ok[exit])
             {
                 continue;
             }
-            let pv_match =
-                |p: usize| local.page_ok[seg.pageviews.page[p] as usize] && local.pageview_ok;
-            let ev_match = |e: usize| {
-                local.page_ok[seg.customs.page[e] as usize]
-                    && local.name_ok[seg.customs.name[e] as usize]
-            };
-            if !event_filters.is_empty()
-                && !pv_range.clone().any(pv_match)
-                && !ev_range.clone().any(ev_match)
+            if let Some(e) = events
+                && !self.filters.event.is_empty()
+                && !pv_range.clone().any(|p| pv_match(&local, e, p))
+                && !ev_range.clone().any(|x| ev_match(&local, e, x))
             {
                 continue;
             }
-            let visitor = v.visitor[i];
-            if want_total {
-                total.insert(visitor);
+            let visitor = v.visitor.get(i);
+            if self.want_total && self.total_fresh.last() != Some(&visitor) {
+                self.total_fresh.push(visitor);
             }
-            let bounce = v.pageviews[i] < 2 && v.events[i] == 0;
+            let (pageviews, customs) = (v.pageviews.get(i), v.events.get(i));
+            let bounce = pageviews < 2 && customs == 0;
             // Whole-visit sums: keyed by the visit (a page breakdown: its entry page).
-            for (k, s) in slots.iter().enumerate() {
-                key[k] = match s {
-                    Slot::Src(_) => local.values[k][v.src[i] as usize],
-                    Slot::Agent(_) => local.values[k][v.agent[i] as usize],
-                    Slot::Entry | Slot::Page => local.values[k][v.entry[i] as usize],
-                    Slot::Exit => local.values[k][v.exit[i] as usize],
+            for (k, s) in self.slots.iter().enumerate() {
+                self.key[k] = match s {
+                    Slot::Src(_) => local.values[k][src],
+                    Slot::Agent(_) => local.values[k][agent],
+                    Slot::Entry | Slot::Page => local.values[k][entry],
+                    Slot::Exit => local.values[k][exit],
                     Slot::Name => 0,
-                    Slot::Time(g) => time_value(&local, k, *g, v.start_s[i]),
+                    Slot::Time(g) => local.time_value(k, *g, v.start_s.get(i)),
                 };
             }
-            let whole_ok = !has_page_dim || v.entry[i] != 0;
-            if whole_ok && !has_name_dim {
-                let r = rows.at(&key);
-                let acc = &mut rows.accs[r];
+            let whole_ok = !self.has_page_dim || entry != 0;
+            if whole_ok && !self.has_name_dim {
+                let r = self.rows.at(&self.key);
+                let acc = &mut self.rows.accs[r];
                 acc.whole_visits += 1;
-                acc.duration_s += u64::from(v.duration_s[i]);
-                acc.whole_pageviews += u64::from(v.pageviews[i]);
-                let entered_on_page = page_filters.is_empty()
-                    || (v.entry[i] != 0 && local.page_ok[v.entry[i] as usize - 1]);
+                acc.duration_s += u64::from(v.duration_s.get(i));
+                acc.whole_pageviews += u64::from(pageviews);
+                let entered_on_page =
+                    !self.has_page_filter || (entry != 0 && local.page_ok[entry - 1]);
                 if entered_on_page {
                     acc.bounce_visits += 1;
                     acc.bounces += u64::from(bounce);
                 }
-                if !event_rows {
+                if !self.event_rows {
                     acc.visits += 1;
-                    acc.visitor(visitor);
+                    acc.visitor(visitor, &mut self.dirty, r);
                 }
-                if !need_events {
+                if !self.need_events {
                     // Every event of the visit counts, in the visit's row.
-                    acc.pageviews += u64::from(v.pageviews[i]);
-                    acc.events += u64::from(v.pageviews[i] + v.events[i]);
+                    acc.pageviews += u64::from(pageviews);
+                    acc.events += u64::from(pageviews + customs);
                 }
             }
-            if !need_events {
+            let Some(e) = events else {
                 continue;
-            }
-            // Event sums: keyed by each matching event.
-            touched.clear();
-            let mut add = |key: &[u32],
-                           rows: &mut Rows,
-                           pageview: bool,
-                           eng: u64,
-                           reported: bool,
-                           scroll: u32| {
-                let r = rows.at(key);
-                let acc = &mut rows.accs[r];
-                acc.events += 1;
-                acc.pageviews += u64::from(pageview);
-                match touched.iter_mut().find(|t| t.0 == r) {
-                    Some(t) => {
-                        t.1 += eng;
-                        t.2 |= reported;
-                        t.3 = t.3.max(scroll);
-                    }
-                    None => touched.push((r, eng, reported, scroll)),
-                }
             };
+            // Event sums: keyed by each matching event.
+            self.touched.clear();
             for p in pv_range {
-                if !event_filters.is_empty() && !pv_match(p) {
+                if !self.filters.event.is_empty() && !pv_match(&local, e, p) {
                     continue;
                 }
-                event_key(&mut key, &slots, &local, seg, i, EventAt::Pageview(p));
-                let eng = u64::from(seg.pageviews.engaged_ms[p]);
-                let scroll = seg.pageviews.scroll[p];
-                add(&key, &mut rows, true, eng, eng > 0 || scroll > 0, scroll);
+                self.event_key(&local, e, EventAt::Pageview(p));
+                let eng = u64::from(e.pageviews.engaged_ms.get(p));
+                let scroll = e.pageviews.scroll.get(p);
+                self.add_event(true, eng, eng > 0 || scroll > 0, scroll);
             }
-            for e in ev_range {
-                if !event_filters.is_empty() && !ev_match(e) {
+            for x in ev_range {
+                if !self.filters.event.is_empty() && !ev_match(&local, e, x) {
                     continue;
                 }
-                event_key(&mut key, &slots, &local, seg, i, EventAt::Custom(e));
-                add(&key, &mut rows, false, 0, false, 0);
+                self.event_key(&local, e, EventAt::Custom(x));
+                self.add_event(false, 0, false, 0);
             }
-            for &(r, eng, reported, scroll) in &touched {
-                let acc = &mut rows.accs[r];
-                if event_rows {
+            for t in 0..self.touched.len() {
+                let (r, eng, reported, scroll) = self.touched[t];
+                let acc = &mut self.rows.accs[r];
+                if self.event_rows {
                     acc.visits += 1;
-                    acc.visitor(visitor);
+                    acc.visitor(visitor, &mut self.dirty, r);
                 }
                 acc.engaged_ms += eng;
                 acc.engaged_visits += u64::from(reported && eng > 0);
@@ -438,264 +370,98 @@ pub fn run(
                 }
             }
         }
-    }
-    Ok(finish(query, rows, values, total.len(), from, to, zone))
-}
-
-/// Where an event sits in a segment.
-#[derive(Clone, Copy)]
-enum EventAt {
-    Pageview(usize),
-    Custom(usize),
-}
-
-#[allow(clippy::too_many_arguments)]
-fn event_key(
-    key: &mut [u32],
-    slots: &[Slot],
-    local: &Local,
-    seg: &Segment,
-    visit: usize,
-    at: EventAt,
-) {
-    let v = &seg.visits;
-    for (k, s) in slots.iter().enumerate() {
-        key[k] = match (s, at) {
-            (Slot::Src(_), _) => local.values[k][v.src[visit] as usize],
-            (Slot::Agent(_), _) => local.values[k][v.agent[visit] as usize],
-            (Slot::Entry, _) => local.values[k][v.entry[visit] as usize],
-            (Slot::Exit, _) => local.values[k][v.exit[visit] as usize],
-            (Slot::Page, EventAt::Pageview(p)) => {
-                local.values[k][seg.pageviews.page[p] as usize + 1]
-            }
-            (Slot::Page, EventAt::Custom(e)) => local.values[k][seg.customs.page[e] as usize + 1],
-            (Slot::Name, EventAt::Pageview(_)) => local.pageview_value[k],
-            (Slot::Name, EventAt::Custom(e)) => local.values[k][seg.customs.name[e] as usize],
-            (Slot::Time(g), EventAt::Pageview(p)) => {
-                time_value(local, k, *g, seg.pageviews.at_s[p])
-            }
-            (Slot::Time(g), EventAt::Custom(e)) => time_value(local, k, *g, seg.customs.at_s[e]),
-        };
-    }
-}
-
-/// The bucket value number of a moment `at_s` seconds into the segment's day.
-fn time_value(local: &Local, k: usize, grain: Grain, at_s: u32) -> u32 {
-    let ids = &local.time_ids[k];
-    match grain {
-        Grain::Hour => {
-            let i = local.hours.partition_point(|(s, _)| *s <= at_s);
-            ids.get(i.saturating_sub(1)).copied().unwrap_or(0)
+        // The day's visitors into the rows' bitmaps.
+        for r in self.dirty.drain(..) {
+            self.rows.accs[r].settle();
         }
-        _ => ids.first().copied().unwrap_or(0),
-    }
-}
-
-/// Labels as Plausible writes them: `2026-01-05 13:00:00`, `2026-01-05`; a week by its
-/// Monday (never before the range's first day), a month by its first day.
-fn bucket_label(grain: Grain, day: Date, from: Date, hour: impl FnOnce() -> i8) -> String {
-    match grain {
-        Grain::Hour => format!("{day} {:02}:00:00", hour()),
-        Grain::Day => day.to_string(),
-        Grain::Week => {
-            let back = i64::from(day.weekday().to_monday_zero_offset());
-            let monday = day.checked_sub(jiff::Span::new().days(back)).unwrap_or(day);
-            monday.max(from).to_string()
+        if !self.total_fresh.is_empty()
+            && let Ok(day) = RoaringBitmap::from_sorted_iter(self.total_fresh.drain(..))
+        {
+            self.total |= day;
         }
-        Grain::Month => day.first_of_month().to_string(),
+    }
+
+    fn event_key(&mut self, local: &Local, e: &Events, at: EventAt) {
+        for (k, s) in self.slots.iter().enumerate() {
+            match (s, at) {
+                (Slot::Page, EventAt::Pageview(p)) => {
+                    self.key[k] = local.values[k][e.pageviews.page.get(p) as usize + 1];
+                }
+                (Slot::Page, EventAt::Custom(x)) => {
+                    self.key[k] = local.values[k][e.customs.page.get(x) as usize + 1];
+                }
+                (Slot::Name, EventAt::Pageview(_)) => self.key[k] = local.pageview_value[k],
+                (Slot::Name, EventAt::Custom(x)) => {
+                    self.key[k] = local.values[k][e.customs.name.get(x) as usize];
+                }
+                (Slot::Time(g), EventAt::Pageview(p)) => {
+                    self.key[k] = local.time_value(k, *g, e.pageviews.at_s.get(p));
+                }
+                (Slot::Time(g), EventAt::Custom(x)) => {
+                    self.key[k] = local.time_value(k, *g, e.customs.at_s.get(x));
+                }
+                // Visit dimensions keep the visit's value, set for its whole-visit sums.
+                _ => {}
+            }
+        }
+    }
+
+    fn add_event(&mut self, pageview: bool, eng: u64, reported: bool, scroll: u32) {
+        let r = self.rows.at(&self.key);
+        let acc = &mut self.rows.accs[r];
+        acc.events += 1;
+        acc.pageviews += u64::from(pageview);
+        match self.touched.iter_mut().find(|t| t.0 == r) {
+            Some(t) => {
+                t.1 += eng;
+                t.2 |= reported;
+                t.3 = t.3.max(scroll);
+            }
+            None => self.touched.push((r, eng, reported, scroll)),
+        }
+    }
+
+    /// The answer.
+    pub fn finish(self) -> Answer {
+        finish(
+            self.query,
+            self.rows,
+            self.values,
+            self.total.len(),
+            self.from,
+            self.to,
+        )
     }
 }
 
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-fn resolve(
+#[inline]
+fn pv_match(local: &Local, e: &Events, p: usize) -> bool {
+    local.page_ok[e.pageviews.page.get(p) as usize] && local.pageview_ok
+}
+
+#[inline]
+fn ev_match(local: &Local, e: &Events, x: usize) -> bool {
+    local.page_ok[e.customs.page.get(x) as usize] && local.name_ok[e.customs.name.get(x) as usize]
+}
+
+/// A day's parts as [`run`] takes them.
+pub type Day<'a> = (Date, &'a Segment, Option<&'a Events>);
+
+/// Answer `query` from the segments of the local days `from..=to` of a site in `zone`
+/// (`segments` holds the days that have data, any order, with their events parts).
+pub fn run(
     query: &Query,
-    slots: &[Slot],
-    filters: (&[&Filter], &[&Filter], &[&Filter]),
-    (day, from): (Date, Date),
+    from: Date,
+    to: Date,
     zone: &SiteZone,
-    seg: &Segment,
+    segments: &[Day<'_>],
     dict: &dyn Dictionary,
-    values: &mut [Values],
-    memo: (
-        &mut HashMap<u32, (bool, Vec<u32>)>,
-        &mut HashMap<u32, (bool, Vec<u32>)>,
-        &mut HashMap<u32, (bool, bool, bool, Vec<u32>)>,
-    ),
-) -> Local {
-    let (visit_filters, event_filters, _) = filters;
-    let (src_memo, agent_memo, page_memo) = memo;
-    let dims = &query.dimensions;
-    let mut local = Local {
-        src_ok: Vec::with_capacity(seg.srcs.len()),
-        agent_ok: Vec::with_capacity(seg.agents.len()),
-        entry_ok: vec![true; seg.pages.len() + 1],
-        exit_ok: vec![true; seg.pages.len() + 1],
-        page_ok: Vec::with_capacity(seg.pages.len()),
-        name_ok: Vec::with_capacity(seg.names.len()),
-        pageview_ok: true,
-        values: slots.iter().map(|_| Vec::new()).collect(),
-        pageview_value: vec![0; slots.len()],
-        hours: Vec::new(),
-        time_ids: Vec::new(),
-    };
-    // Sources.
-    for &id in &seg.srcs {
-        let (ok, vals) = src_memo.entry(id).or_insert_with(|| {
-            let src = dict.source(id).unwrap_or(&EMPTY_SRC);
-            let ok = visit_filters.iter().all(|f| match f.dimension {
-                Dimension::Visit(d)
-                    if !is_agent_dim(d)
-                        && !matches!(d, VisitDim::EntryPage | VisitDim::ExitPage) =>
-                {
-                    f.accepts(visit_value(d, src, &EMPTY_AGENT))
-                }
-                _ => true,
-            });
-            let vals = slots
-                .iter()
-                .enumerate()
-                .map(|(k, s)| match s {
-                    Slot::Src(d) => values[k].id(visit_value(*d, src, &EMPTY_AGENT)),
-                    _ => 0,
-                })
-                .collect();
-            (ok, vals)
-        });
-        local.src_ok.push(*ok);
-        for (k, s) in slots.iter().enumerate() {
-            if matches!(s, Slot::Src(_)) {
-                local.values[k].push(vals[k]);
-            }
-        }
+) -> Result<Answer, Invalid> {
+    let mut e = Evaluator::new(query, from, to, zone)?;
+    for (day, seg, events) in segments {
+        e.add(*day, seg, *events, dict);
     }
-    // Agents.
-    for &id in &seg.agents {
-        let (ok, vals) = agent_memo.entry(id).or_insert_with(|| {
-            let agent = dict.agent(id).unwrap_or(&EMPTY_AGENT);
-            let ok = visit_filters.iter().all(|f| match f.dimension {
-                Dimension::Visit(d) if is_agent_dim(d) => {
-                    f.accepts(visit_value(d, &EMPTY_SRC, agent))
-                }
-                _ => true,
-            });
-            let vals = slots
-                .iter()
-                .enumerate()
-                .map(|(k, s)| match s {
-                    Slot::Agent(d) => values[k].id(visit_value(*d, &EMPTY_SRC, agent)),
-                    _ => 0,
-                })
-                .collect();
-            (ok, vals)
-        });
-        local.agent_ok.push(*ok);
-        for (k, s) in slots.iter().enumerate() {
-            if matches!(s, Slot::Agent(_)) {
-                local.values[k].push(vals[k]);
-            }
-        }
-    }
-    // Pages: entry/exit filters, event:page filters, page-valued dimensions (index + 1).
-    for (k, s) in slots.iter().enumerate() {
-        if matches!(s, Slot::Entry | Slot::Exit | Slot::Page) {
-            local.values[k].push(values[k].id(""));
-        }
-    }
-    for (i, &id) in seg.pages.iter().enumerate() {
-        let (entry_ok, exit_ok, page_ok, vals) = page_memo.entry(id).or_insert_with(|| {
-            let path = dict.page(id).unwrap_or("");
-            let pass = |dim: Dimension, fs: &[&Filter]| {
-                fs.iter()
-                    .filter(|f| f.dimension == dim)
-                    .all(|f| f.accepts(path))
-            };
-            let vals = slots
-                .iter()
-                .enumerate()
-                .map(|(k, s)| match s {
-                    Slot::Entry | Slot::Exit | Slot::Page => values[k].id(path),
-                    _ => 0,
-                })
-                .collect();
-            (
-                pass(Dimension::Visit(VisitDim::EntryPage), visit_filters),
-                pass(Dimension::Visit(VisitDim::ExitPage), visit_filters),
-                pass(Dimension::Page, event_filters),
-                vals,
-            )
-        });
-        local.entry_ok[i + 1] = *entry_ok;
-        local.exit_ok[i + 1] = *exit_ok;
-        local.page_ok.push(*page_ok);
-        for (k, s) in slots.iter().enumerate() {
-            if matches!(s, Slot::Entry | Slot::Exit | Slot::Page) {
-                local.values[k].push(vals[k]);
-            }
-        }
-    }
-    // A visit without page views has the empty entry and exit page.
-    for f in visit_filters {
-        match f.dimension {
-            Dimension::Visit(VisitDim::EntryPage) => local.entry_ok[0] &= f.accepts(""),
-            Dimension::Visit(VisitDim::ExitPage) => local.exit_ok[0] &= f.accepts(""),
-            _ => {}
-        }
-    }
-    // Names.
-    let name_filters: Vec<&&Filter> = event_filters
-        .iter()
-        .filter(|f| f.dimension == Dimension::Name)
-        .collect();
-    local.pageview_ok = name_filters.iter().all(|f| f.accepts(PAGEVIEW));
-    for name in &seg.names {
-        local
-            .name_ok
-            .push(name_filters.iter().all(|f| f.accepts(name)));
-    }
-    for (k, s) in slots.iter().enumerate() {
-        if matches!(s, Slot::Name) {
-            local.values[k] = seg.names.iter().map(|n| values[k].id(n)).collect();
-            local.pageview_value[k] = values[k].id(PAGEVIEW);
-        }
-    }
-    if slots.iter().any(|s| matches!(s, Slot::Time(Grain::Hour))) {
-        local.hours = hours_of(day, zone, seg.day_start_ms);
-    }
-    local.time_ids = slots
-        .iter()
-        .enumerate()
-        .map(|(k, s)| match s {
-            Slot::Time(Grain::Hour) => local
-                .hours
-                .iter()
-                .map(|(_, h)| values[k].id(&bucket_label(Grain::Hour, day, from, || *h)))
-                .collect(),
-            Slot::Time(g) => vec![values[k].id(&bucket_label(*g, day, from, || 0))],
-            _ => Vec::new(),
-        })
-        .collect();
-    let _ = dims;
-    local
-}
-
-/// The local hours of `day`: (seconds from the day's start, hour), 23–25 of them.
-fn hours_of(day: Date, zone: &SiteZone, day_start_ms: i64) -> Vec<(u32, i8)> {
-    let (start, end) = zone.span(day, day);
-    let tz = zone.time_zone();
-    let mut out = Vec::with_capacity(25);
-    let mut t = start;
-    while t < end {
-        let at = t.as_millisecond() - day_start_ms;
-        out.push((
-            u32::try_from(at.max(0) / 1000).unwrap_or(0),
-            t.to_zoned(tz.clone()).hour(),
-        ));
-        match t.checked_add(jiff::SignedDuration::from_hours(1)) {
-            Ok(next) => t = next,
-            Err(_) => break,
-        }
-    }
-    out
+    Ok(e.finish())
 }
 
 fn ratio(n: u64, d: u64) -> Option<f64> {
@@ -709,38 +475,82 @@ fn finish(
     total_visitors: u64,
     from: Date,
     to: Date,
-    zone: &SiteZone,
 ) -> Answer {
-    let _ = zone;
-    let mut out: Vec<Row> = rows
-        .keys
+    let label = |k: usize, id: u32| -> &str {
+        let v: &str = &values[k].names[id as usize];
+        if v.is_empty() {
+            query.dimensions[k].empty_label()
+        } else {
+            v
+        }
+    };
+    // Rank (row, metrics) first; only the rows of the asked page get their labels.
+    let mut out: Vec<(usize, Vec<Value>)> = rows
+        .accs
         .iter()
-        .zip(&rows.accs)
+        .enumerate()
         .filter(|(_, a)| a.visits > 0 || a.events > 0 || a.whole_visits > 0)
-        .map(|(key, a)| Row {
-            dimensions: key
-                .iter()
-                .zip(&query.dimensions)
-                .zip(&values)
-                .map(|((id, d), vals)| {
-                    let v = &vals.names[*id as usize];
-                    if v.is_empty() {
-                        d.empty_label().to_owned()
-                    } else {
-                        v.clone()
-                    }
-                })
-                .collect(),
-            metrics: query
+        .map(|(i, a)| {
+            let metrics = query
                 .metrics
                 .iter()
                 .map(|m| metric(*m, a, total_visitors))
-                .collect(),
+                .collect();
+            (i, metrics)
         })
         .collect();
+    let order = order_of(query);
+    let dims_cmp = |a: usize, b: usize, only: Option<usize>| {
+        let (ka, kb) = (&rows.keys[a], &rows.keys[b]);
+        let positions = match only {
+            Some(k) => k..k + 1,
+            None => 0..query.dimensions.len(),
+        };
+        for k in positions {
+            let ord = label(k, ka[k]).cmp(label(k, kb[k]));
+            if ord != std::cmp::Ordering::Equal {
+                return ord;
+            }
+        }
+        std::cmp::Ordering::Equal
+    };
+    out.sort_by(|(ra, ma), (rb, mb)| {
+        for (key, desc) in &order {
+            let ord = match key {
+                OrderKey::Metric(m) => {
+                    let i = query.metrics.iter().position(|x| x == m).unwrap_or(0);
+                    ma[i].sort_key().total_cmp(&mb[i].sort_key())
+                }
+                OrderKey::Dimension(d) => {
+                    let k = query.dimensions.iter().position(|x| x == d).unwrap_or(0);
+                    dims_cmp(*ra, *rb, Some(k))
+                }
+            };
+            let ord = if *desc { ord.reverse() } else { ord };
+            if ord != std::cmp::Ordering::Equal {
+                return ord;
+            }
+        }
+        dims_cmp(*ra, *rb, None)
+    });
     // With no dimensions there is always exactly one row.
-    if query.dimensions.is_empty() && out.is_empty() {
-        out.push(Row {
+    let empty = query.dimensions.is_empty() && out.is_empty();
+    let total_rows = if empty { 1 } else { out.len() };
+    let mut rows: Vec<Row> = out
+        .into_iter()
+        .skip(query.offset)
+        .take(query.limit)
+        .map(|(i, metrics)| Row {
+            dimensions: rows.keys[i]
+                .iter()
+                .enumerate()
+                .map(|(k, id)| label(k, *id).to_owned())
+                .collect(),
+            metrics,
+        })
+        .collect();
+    if empty && query.offset == 0 && query.limit > 0 {
+        rows.push(Row {
             dimensions: Vec::new(),
             metrics: query
                 .metrics
@@ -749,32 +559,6 @@ fn finish(
                 .collect(),
         });
     }
-    let order = order_of(query);
-    out.sort_by(|a, b| {
-        for (key, desc) in &order {
-            let ord = match key {
-                OrderKey::Metric(m) => {
-                    let i = query.metrics.iter().position(|x| x == m).unwrap_or(0);
-                    a.metrics[i].sort_key().total_cmp(&b.metrics[i].sort_key())
-                }
-                OrderKey::Dimension(d) => {
-                    let i = query.dimensions.iter().position(|x| x == d).unwrap_or(0);
-                    a.dimensions[i].cmp(&b.dimensions[i])
-                }
-            };
-            let ord = if *desc { ord.reverse() } else { ord };
-            if ord != std::cmp::Ordering::Equal {
-                return ord;
-            }
-        }
-        a.dimensions.cmp(&b.dimensions)
-    });
-    let total_rows = out.len();
-    let rows: Vec<Row> = out
-        .into_iter()
-        .skip(query.offset)
-        .take(query.limit)
-        .collect();
     let time_labels = query
         .dimensions
         .iter()
@@ -819,11 +603,11 @@ fn labels(grain: Grain, from: Date, to: Date) -> Vec<String> {
         match grain {
             Grain::Hour => {
                 for h in 0..24 {
-                    out.push(format!("{day} {h:02}:00:00"));
+                    out.push(bucket_label(Grain::Hour, day, from, h));
                 }
             }
             g => {
-                let label = bucket_label(g, day, from, || 0);
+                let label = bucket_label(g, day, from, 0);
                 if out.last() != Some(&label) {
                     out.push(label);
                 }

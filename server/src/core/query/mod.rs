@@ -27,8 +27,9 @@
 //!   event's. Buckets are local to the site's time zone.
 
 mod eval;
+mod local;
 
-pub use eval::{Answer, Dictionary, Row, Value, order_of, run};
+pub use eval::{Answer, Day, Dictionary, Evaluator, Row, Value, order_of, run};
 
 /// A metric that can be asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

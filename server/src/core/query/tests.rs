@@ -7,7 +7,7 @@ use jiff::civil::{Date, date};
 use super::*;
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
-use crate::core::segment::{DayEvent, Segment, build};
+use crate::core::segment::{DayEvent, Events, Segment, build};
 
 const MIN: i64 = 60_000;
 
@@ -91,7 +91,7 @@ const DAY: Date = date(2026, 3, 2);
 /// later on /blog/a (a bounce). Visitor 2: Google on Chrome/DE mobile, one page view of
 /// /pricing and a `signup` event there (not a bounce). Visitor 3: direct on Chrome/US,
 /// one page view of / (a bounce).
-fn day() -> Segment {
+fn day() -> (Segment, Events) {
     let mut pricing = ev(1, 5, 2, 2, 1);
     pricing.engaged_ms = 40_000;
     pricing.scroll = Some(80);
@@ -112,7 +112,7 @@ fn day() -> Segment {
 }
 
 fn ask(metrics: &[Metric], dims: &[Dimension], filters: Vec<Filter>) -> Answer {
-    let seg = day();
+    let (seg, events) = day();
     let q = Query {
         metrics: metrics.to_vec(),
         dimensions: dims.to_vec(),
@@ -121,7 +121,15 @@ fn ask(metrics: &[Metric], dims: &[Dimension], filters: Vec<Filter>) -> Answer {
         limit: 100,
         offset: 0,
     };
-    run(&q, DAY, DAY, &SiteZone::utc(), &[(DAY, &seg)], &dict()).expect("answers")
+    run(
+        &q,
+        DAY,
+        DAY,
+        &SiteZone::utc(),
+        &[(DAY, &seg, Some(&events))],
+        &dict(),
+    )
+    .expect("answers")
 }
 
 fn is(dimension: Dimension, value: &str) -> Filter {
@@ -303,7 +311,8 @@ fn page_breakdowns_carry_engagement_and_entry_based_bounces() {
 
 #[test]
 fn invalid_combinations_are_refused_with_a_reason() {
-    let seg = day();
+    let (seg, events) = day();
+    let one = [(DAY, &seg, Some(&events))];
     let q = Query {
         metrics: vec![Metric::TimeOnPage],
         dimensions: vec![],
@@ -312,14 +321,14 @@ fn invalid_combinations_are_refused_with_a_reason() {
         limit: 10,
         offset: 0,
     };
-    let err = run(&q, DAY, DAY, &SiteZone::utc(), &[(DAY, &seg)], &dict()).expect_err("refused");
+    let err = run(&q, DAY, DAY, &SiteZone::utc(), &one, &dict()).expect_err("refused");
     assert!(err.0.contains("event:page"), "{err}");
     let q = Query {
         metrics: vec![Metric::BounceRate],
         dimensions: vec![Dimension::Name],
         ..q
     };
-    assert!(run(&q, DAY, DAY, &SiteZone::utc(), &[(DAY, &seg)], &dict()).is_err());
+    assert!(run(&q, DAY, DAY, &SiteZone::utc(), &one, &dict()).is_err());
 }
 
 #[test]
@@ -338,7 +347,10 @@ fn distinct_visitors_hold_across_days_and_time_rows_fill_in_order() {
         limit: 10,
         offset: 0,
     };
-    let segs = [(DAY, &seg1), (day2, &seg2)];
+    let segs = [
+        (DAY, &seg1.0, Some(&seg1.1)),
+        (day2, &seg2.0, Some(&seg2.1)),
+    ];
     let a = run(&q, DAY, day2, &SiteZone::utc(), &segs, &dict()).expect("answers");
     assert_eq!(
         a.rows[0].metrics,
@@ -367,7 +379,7 @@ fn hours_are_local_and_pagination_counts_all_rows() {
     let zone = SiteZone::parse("Europe/Berlin").expect("zone");
     // Local midnight in Berlin (winter, UTC+1) is 23:00 UTC the day before.
     let start = -3_600_000;
-    let seg = build(start, vec![ev(1, 0, 1, 1, 1), ev(2, 61, 1, 1, 1)]);
+    let (seg, events) = build(start, vec![ev(1, 0, 1, 1, 1), ev(2, 61, 1, 1, 1)]);
     let q = Query {
         metrics: vec![Metric::Pageviews],
         dimensions: vec![Dimension::Time(Grain::Hour)],
@@ -377,7 +389,7 @@ fn hours_are_local_and_pagination_counts_all_rows() {
         offset: 1,
     };
     let day = date(1970, 1, 1);
-    let a = run(&q, day, day, &zone, &[(day, &seg)], &dict()).expect("answers");
+    let a = run(&q, day, day, &zone, &[(day, &seg, Some(&events))], &dict()).expect("answers");
     assert_eq!(a.total_rows, 2);
     assert_eq!(a.rows[0].dimensions, vec!["1970-01-01 02:00:00".to_owned()]);
 }

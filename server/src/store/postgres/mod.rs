@@ -328,17 +328,26 @@ impl EventSink for PgStore {
 
 #[async_trait]
 impl super::SegmentSource for PgStore {
-    async fn segment_input(
+    async fn segment_index(
         &self,
         site: &SiteId,
         from: Date,
         to: Date,
-        have: Option<(i64, Vec<Date>)>,
-    ) -> Result<super::SegmentInput, StoreError> {
+    ) -> Result<super::SegmentIndex, StoreError> {
         let (from, to) = segments::days(from, to);
-        let have = have.map(|(g, days)| (g, days.into_iter().map(day_num).collect()));
-        retry("segment_input", || {
-            segments::read_input(self, site.as_str(), from, to, have.clone())
+        retry("segment_index", || {
+            segments::read_index(self, site.as_str(), from, to)
+        })
+        .await
+    }
+
+    async fn segment_parts(
+        &self,
+        site: &SiteId,
+        wanted: Vec<super::PartsWanted>,
+    ) -> Result<Vec<super::SegmentParts>, StoreError> {
+        retry("segment_parts", || {
+            segments::read_parts(self, site.as_str(), &wanted)
         })
         .await
     }

@@ -143,11 +143,13 @@ CREATE TABLE visitor_numbers (
     site BIGINT NOT NULL, num BIGINT GENERATED ALWAYS AS IDENTITY (MAXVALUE 2147483647),
     visitor BYTEA NOT NULL, PRIMARY KEY (site, visitor), UNIQUE (num)
 );
--- A sealed day of a site (`core::segment`), rebuilt from the raw events by verify, kept after
--- they are pruned.
+-- A sealed day of a site (`core::segment`): its visits part and its events part; a write to
+-- the day deletes the row (sealed again later); `version` is new at every seal.
 CREATE TABLE segments (
-    site BIGINT NOT NULL, day INTEGER NOT NULL, data BYTEA NOT NULL, PRIMARY KEY (site, day)
+    site BIGINT NOT NULL, day INTEGER NOT NULL, version BIGINT NOT NULL,
+    visits BYTEA NOT NULL, events BYTEA NOT NULL, PRIMARY KEY (site, day)
 );
+CREATE SEQUENCE segment_versions;
 ",
 ];
 

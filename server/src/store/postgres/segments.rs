@@ -1,9 +1,9 @@
 //! Day segments on PostgreSQL (see [`crate::store::SegmentSource`]), as on SQLite, with one
 //! difference in how a seal and a write to the same day are kept apart: several collectors
-//! write at once, so a seal runs in ONE transaction holding the day's advisory lock, which
-//! every import batch takes for each (site, day) it writes (live batches never write a day
-//! old enough to be sealed). Whatever adds events to a sealed day deletes its segment in its
-//! own transaction and raises the generation.
+//! write at once, so a seal runs in ONE transaction holding the day's advisory lock
+//! exclusively, and every batch holds the shared lock of each (site, day) it writes, in key
+//! order, and deletes that day's segment. A batch and a seal of one day therefore run one
+//! after the other: a seal either sees the batch's events or is deleted by it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -13,15 +13,13 @@ use super::read::snapshot;
 use super::{Fail, PgStore, day_num};
 use crate::core::ids::SiteId;
 use crate::core::segment::{self, DayEvent};
-use crate::store::{DictionaryRows, SegmentInput, StoreError, TEMP_NUMBERS};
+use crate::store::{
+    DictionaryRows, PartsWanted, SegmentIndex, SegmentParts, StoreError, TEMP_NUMBERS,
+};
 
-/// The advisory lock of one site's day (`$1` = site id, `$2` = day): a seal holds it, and an
-/// import batch holds it for every day it writes.
+/// The advisory lock of one site's day (`$1` = site id, `$2` = day): a seal holds it
+/// exclusively, every batch shares it for each day it writes.
 pub(super) const DAY_LOCK: &str = "hashtextextended(current_schema() || ':day:' || ($1::int8)::text || ':' || ($2::int4)::text, 0)";
-
-/// Raise the segment generation (run in the transaction that deletes or rewrites segments).
-pub(super) const BUMP_SEGMENTS: &str = "INSERT INTO meta (key, value) VALUES ('segment_generation', 1) \
-     ON CONFLICT (key) DO UPDATE SET value = meta.value + 1";
 
 async fn site_id(client: &impl GenericClient, site: &str) -> Result<Option<i64>, Fail> {
     let stmt = client
@@ -109,42 +107,29 @@ async fn stored_numbers(
     Ok(out)
 }
 
-pub(super) async fn read_input(
+pub(super) async fn read_index(
     store: &PgStore,
     site: &str,
     from: i32,
     to: i32,
-    have: Option<(i64, Vec<i32>)>,
-) -> Result<SegmentInput, Fail> {
+) -> Result<SegmentIndex, Fail> {
     let mut client = store.client().await?;
     let tx = snapshot(&mut client).await?;
-    let mut input = SegmentInput::default();
+    let mut index = SegmentIndex::default();
     let Some(site) = site_id(&tx, site).await? else {
-        return Ok(input);
+        return Ok(index);
     };
-    input.generation = tx
-        .query_one(
-            "SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = 'segment_generation'",
-            &[],
-        )
-        .await?
-        .get(0);
-    let held: HashSet<i32> = match have {
-        Some((generation, days)) if generation == input.generation => days.into_iter().collect(),
-        _ => HashSet::new(),
-    };
-    let held_list: Vec<i32> = held.iter().copied().collect();
     let stmt = tx
         .prepare_cached(
-            "SELECT day, CASE WHEN day = ANY($4) THEN NULL ELSE data END FROM segments \
-             WHERE site = $1 AND day BETWEEN $2 AND $3 ORDER BY day",
+            "SELECT day, version FROM segments WHERE site = $1 AND day BETWEEN $2 AND $3 \
+             ORDER BY day",
         )
         .await?;
     let mut sealed = HashSet::new();
-    for row in tx.query(&stmt, &[&site, &from, &to, &held_list]).await? {
+    for row in tx.query(&stmt, &[&site, &from, &to]).await? {
         let day: i32 = row.get(0);
         sealed.insert(day);
-        input
+        index
             .sealed
             .push((super::num_day(day).map_err(Fail::Store)?, row.get(1)));
     }
@@ -174,11 +159,48 @@ pub(super) async fn read_input(
         by_day.entry(e.day).or_default().push(e.event);
     }
     for (day, events) in by_day {
-        input
+        index
             .open
             .push((super::num_day(day).map_err(Fail::Store)?, events));
     }
-    Ok(input)
+    Ok(index)
+}
+
+pub(super) async fn read_parts(
+    store: &PgStore,
+    site: &str,
+    wanted: &[PartsWanted],
+) -> Result<Vec<SegmentParts>, Fail> {
+    let client = store.client().await?;
+    let Some(site) = site_id(&client, site).await? else {
+        return Ok(Vec::new());
+    };
+    let (mut days, mut versions, mut visits, mut events) = (vec![], vec![], vec![], vec![]);
+    for w in wanted {
+        days.push(day_num(w.day));
+        versions.push(w.version);
+        visits.push(w.visits);
+        events.push(w.events);
+    }
+    let rows = client
+        .query(
+            "SELECT s.day, s.version, CASE WHEN w.v THEN s.visits END, \
+             CASE WHEN w.e THEN s.events END \
+             FROM unnest($2::int4[], $3::int8[], $4::bool[], $5::bool[]) AS w(day, version, v, e) \
+             JOIN segments s ON s.site = $1 AND s.day = w.day AND s.version = w.version",
+            &[&site, &days, &versions, &visits, &events],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(SegmentParts {
+                day: super::num_day(r.get(0)).map_err(Fail::Store)?,
+                version: r.get(1),
+                visits: r.get(2),
+                events: r.get(3),
+            })
+        })
+        .collect()
 }
 
 pub(super) async fn read_dictionary(
@@ -295,19 +317,20 @@ pub(super) async fn seal_day(
             e.event
         })
         .collect();
-    let bytes = segment::build(day_start_ms, events).encode();
+    let (seg, events) = segment::build(day_start_ms, events);
     let stored = tx
         .execute(
-            "INSERT INTO segments (site, day, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-            &[&site, &day, &bytes],
+            "INSERT INTO segments (site, day, version, visits, events) \
+             VALUES ($1, $2, nextval('segment_versions'), $3, $4) ON CONFLICT DO NOTHING",
+            &[&site, &day, &seg.bytes(), &events.bytes()],
         )
         .await?;
     tx.commit().await?;
     Ok(stored > 0)
 }
 
-/// In a batch's transaction: take the day locks of the days an import batch writes (sorted),
-/// so no seal of those days runs across it.
+/// In a batch's transaction, before it writes: share the day lock of every (site, day) it may
+/// write (sorted), so no seal of those days runs across it.
 pub(super) async fn lock_days(
     tx: &deadpool_postgres::Transaction<'_>,
     days: &[(i64, i32)],
@@ -319,8 +342,8 @@ pub(super) async fn lock_days(
     let lock = DAY_LOCK.replace("$1", "x.s").replace("$2", "x.d");
     tx.execute(
         &format!(
-            "SELECT pg_advisory_xact_lock({lock}) FROM unnest($1::int8[], $2::int4[]) AS x(s, d) \
-             ORDER BY x.s, x.d"
+            "SELECT pg_advisory_xact_lock_shared({lock}) \
+             FROM unnest($1::int8[], $2::int4[]) AS x(s, d) ORDER BY x.s, x.d"
         ),
         &[&s, &d],
     )
@@ -328,7 +351,8 @@ pub(super) async fn lock_days(
     Ok(())
 }
 
-/// Delete the segments of the (site, day)s a batch wrote; raise the generation if any was.
+/// In a batch's transaction, after it wrote: delete the segments of the (site, day)s it stored
+/// or updated an event of (they are sealed again later).
 pub(super) async fn unseal(
     tx: &deadpool_postgres::Transaction<'_>,
     days: &[(i64, i32)],
@@ -337,16 +361,12 @@ pub(super) async fn unseal(
         return Ok(());
     }
     let (s, d): (Vec<i64>, Vec<i32>) = days.iter().copied().unzip();
-    let deleted = tx
-        .execute(
-            "DELETE FROM segments WHERE (site, day) IN \
-             (SELECT * FROM unnest($1::int8[], $2::int4[]))",
-            &[&s, &d],
-        )
-        .await?;
-    if deleted > 0 {
-        tx.batch_execute(BUMP_SEGMENTS).await?;
-    }
+    tx.execute(
+        "DELETE FROM segments WHERE (site, day) IN \
+         (SELECT * FROM unnest($1::int8[], $2::int4[]))",
+        &[&s, &d],
+    )
+    .await?;
     Ok(())
 }
 
@@ -357,7 +377,7 @@ pub(super) fn days(from: jiff::civil::Date, to: jiff::civil::Date) -> (i32, i32)
 
 /// Recount every sealed day of `site` (or of every site) whose raw events are kept, as on
 /// SQLite (`store::sqlite::segments::verify`); a repair rebuilds a differing segment under
-/// the day's lock and raises the generation.
+/// the day's lock.
 pub(super) async fn verify(
     store: &PgStore,
     site: Option<&str>,
@@ -390,17 +410,17 @@ pub(super) async fn verify(
             &[&id, &day],
         )
         .await?;
-        let stored: Option<Vec<u8>> = tx
+        let stored: Option<(Vec<u8>, Vec<u8>)> = tx
             .query_opt(
-                "SELECT data FROM segments WHERE site = $1 AND day = $2",
+                "SELECT visits, events FROM segments WHERE site = $1 AND day = $2",
                 &[&id, &day],
             )
             .await?
-            .map(|r| r.get(0));
-        let Some(stored) = stored else {
+            .map(|r| (r.get(0), r.get(1)));
+        let Some((visits, events_part)) = stored else {
             continue;
         };
-        let start = segment::Segment::decode(&stored).map_or(0, |s| s.day_start_ms);
+        let start = segment::Segment::decode(visits.clone()).map_or(0, |s| s.day_start_ms);
         let raw = raw_events(&tx, id, day, day).await?;
         let keys: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
         let known = stored_numbers(&tx, id, &keys).await?;
@@ -412,20 +432,24 @@ pub(super) async fn verify(
                 e.event
             })
             .collect();
-        let rebuilt = segment::build(start, events).encode();
-        if complete && rebuilt == stored {
+        let (seg, evs) = segment::build(start, events);
+        if complete && seg.bytes() == visits.as_slice() && evs.bytes() == events_part.as_slice() {
             continue;
         }
         let said = |b: &[u8]| {
-            segment::Segment::decode(b).map_or((-1, -1), |s| {
-                (s.visit_count() as i64, s.pageviews.page.len() as i64)
+            segment::Segment::decode(b.to_vec()).map_or((-1, -1), |s| {
+                (s.visit_count() as i64, s.pageview_count as i64)
             })
         };
         let day_date = super::num_day(day).map_err(Fail::Store)?;
         report.drift.push(crate::store::Drift {
             key: format!("{name}/segment/{day_date}"),
-            stored: said(&stored),
-            recounted: if complete { said(&rebuilt) } else { (-1, -1) },
+            stored: said(&visits),
+            recounted: if complete {
+                said(seg.bytes())
+            } else {
+                (-1, -1)
+            },
         });
         if repair {
             tx.execute(
@@ -433,16 +457,10 @@ pub(super) async fn verify(
                 &[&id, &day],
             )
             .await?;
-            tx.batch_execute(BUMP_SEGMENTS).await?;
             tx.commit().await?;
-            seal_day(
-                store,
-                &SiteId::parse(&name)
-                    .map_err(|e| Fail::Store(StoreError::Invalid(format!("site {name:?}: {e}"))))?,
-                day,
-                start,
-            )
-            .await?;
+            let site = SiteId::parse(&name)
+                .map_err(|e| Fail::Store(StoreError::Invalid(format!("site {name:?}: {e}"))))?;
+            seal_day(store, &site, day, start).await?;
             report.repaired = true;
         }
     }

@@ -219,17 +219,27 @@ pub(super) async fn commit_batch(
     let (kept, not_kept): (Vec<&Row<'_>>, Vec<&Row<'_>>) = candidates
         .iter()
         .partition(|row| cut.is_none_or(|cut| row.record.at_ms >= cut));
-    // Days this batch may write: an import takes their locks (no seal runs across it) and
-    // deletes their segments once its events are in.
+    // Days this batch writes: their locks shared (no seal runs across it), their segments
+    // deleted (sealed again later).
     let mut days: Vec<(i64, i32)> = kept.iter().map(|row| (row.site, row.day)).collect();
+    for &i in &engagements {
+        let site = resolver.site(records[i].site.as_str()).await?;
+        days.push((site, day_num(records[i].day)));
+    }
     days.sort_unstable();
     days.dedup();
-    if import.is_some() {
-        super::segments::lock_days(&tx, &days).await?;
-    }
+    super::segments::lock_days(&tx, &days).await?;
     let mut accepted = insert_events(&tx, &kept).await?;
-    super::segments::unseal(&tx, &days).await?;
-    engage(&tx, &mut resolver, records, &engagements, &mut outcomes).await?;
+    let engaged = engage(&tx, &mut resolver, records, &engagements, &mut outcomes).await?;
+    let mut written: Vec<(i64, i32)> = kept
+        .iter()
+        .filter(|row| accepted.contains(&(row.site, row.record.event_id.uuid())))
+        .map(|row| (row.site, row.day))
+        .chain(engaged)
+        .collect();
+    written.sort_unstable();
+    written.dedup();
+    super::segments::unseal(&tx, &written).await?;
     if let Some(latest) = not_kept.iter().map(|row| row.record.at_ms).max() {
         accepted.extend(
             not_kept
@@ -415,24 +425,27 @@ async fn insert_events(
 /// may share a batch): each page view keeps the largest engaged time and scroll depth it was
 /// ever sent. Reports are judged in record order against the row as locked (`FOR UPDATE`, in
 /// key order) and the reports before them, as the SQLite writer judges them one at a time: a
-/// report is `Accepted` when it raised a value, else a `Duplicate`.
+/// report is `Accepted` when it raised a value, else a `Duplicate`. Returns the (site, day)s of
+/// the page views it changed.
 async fn engage(
     tx: &deadpool_postgres::Transaction<'_>,
     resolver: &mut Resolver<'_>,
     records: &[Record],
     indices: &[usize],
     outcomes: &mut [Outcome],
-) -> Result<(), Fail> {
+) -> Result<Vec<(i64, i32)>, Fail> {
     if indices.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut keyed: Vec<(usize, (i64, Uuid), i64, i16)> = Vec::with_capacity(indices.len());
+    let mut day_of: HashMap<(i64, Uuid), i32> = HashMap::new();
     for &i in indices {
         let r = &records[i];
         let HitKind::Engagement { engaged_ms, scroll } = r.kind else {
             continue;
         };
         let site = resolver.site(r.site.as_str()).await?;
+        day_of.insert((site, r.event_id.uuid()), day_num(r.day));
         keyed.push((
             i,
             (site, r.event_id.uuid()),
@@ -470,8 +483,12 @@ async fn engage(
     let mut changed: Vec<_> = current.iter().filter(|(_, v)| v.2).collect();
     changed.sort_by_key(|(k, _)| **k);
     if changed.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
+    let days: Vec<(i64, i32)> = changed
+        .iter()
+        .filter_map(|(k, _)| day_of.get(*k).map(|d| (k.0, *d)))
+        .collect();
     let (mut s, mut id, mut eng, mut scroll) = (vec![], vec![], vec![], vec![]);
     for ((site, event), (e, sc, _)) in changed {
         s.push(*site);
@@ -486,7 +503,7 @@ async fn engage(
         &[&s, &id, &eng, &scroll],
     )
     .await?;
-    Ok(())
+    Ok(days)
 }
 
 /// Insert per-day visitor rows (sorted); returns those really inserted.

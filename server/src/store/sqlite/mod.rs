@@ -543,22 +543,30 @@ impl EventSink for SqliteStore {
 
 #[async_trait]
 impl super::SegmentSource for SqliteStore {
-    async fn segment_input(
+    async fn segment_index(
         &self,
         site: &SiteId,
         from: Date,
         to: Date,
-        have: Option<(i64, Vec<Date>)>,
-    ) -> Result<super::SegmentInput, StoreError> {
+    ) -> Result<super::SegmentIndex, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        let have = have.map(|(g, days)| (g, days.into_iter().map(day_num).collect()));
         let numbers = Arc::clone(&self.numbers);
         self.read(move |conn| {
             snapshot(conn, |tx| {
-                segments::read_input(tx, &numbers, &site, from, to, have)
+                segments::read_index(tx, &numbers, &site, from, to)
             })
         })
         .await
+    }
+
+    async fn segment_parts(
+        &self,
+        site: &SiteId,
+        wanted: Vec<super::PartsWanted>,
+    ) -> Result<Vec<super::SegmentParts>, StoreError> {
+        let site = site.as_str().to_owned();
+        self.read(move |conn| segments::read_parts(conn, &site, &wanted))
+            .await
     }
 
     async fn dictionary(

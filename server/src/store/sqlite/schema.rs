@@ -223,11 +223,18 @@ CREATE TABLE IF NOT EXISTS dim_quota (
 CREATE TABLE IF NOT EXISTS visitor_numbers (
     num INTEGER PRIMARY KEY, site INTEGER NOT NULL, visitor BLOB NOT NULL, UNIQUE (site, visitor)
 );
--- A sealed day of a site (`core::segment`): written once no event of the day can arrive any
--- more, rebuilt from the raw events by verify, kept after they are pruned.
+-- A sealed day of a site (`core::segment`): its visits part and its events part, stored
+-- once the day is over (a later write to the day deletes the row; it is sealed again), rebuilt
+-- from the raw events by verify, kept after they are pruned. `version` is new at every seal.
 CREATE TABLE IF NOT EXISTS segments (
-    site INTEGER NOT NULL, day INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (site, day)
+    site INTEGER NOT NULL, day INTEGER NOT NULL, version INTEGER NOT NULL,
+    visits BLOB NOT NULL, events BLOB NOT NULL, PRIMARY KEY (site, day)
 );
+-- Writes per site and local day (raised by every batch that stores or updates an event of
+-- the day), so a seal that raced a write is not stored.
+CREATE TABLE IF NOT EXISTS day_revs (
+    site INTEGER NOT NULL, day INTEGER NOT NULL, rev INTEGER NOT NULL, PRIMARY KEY (site, day)
+) WITHOUT ROWID;
 ";
 
 /// A v1 day text (`2026-04-01`, or `*` for all time) as a v2 day number.

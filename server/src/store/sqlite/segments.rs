@@ -1,26 +1,21 @@
 //! Day segments on SQLite (see [`crate::store::SegmentSource`]): the analytics' reads, the
 //! seal of a finished day, and what a batch does to the segment of a day it adds to.
 //!
-//! - A read is one read transaction: the segment generation, the sealed days of the range
-//!   (bytes only for days the caller does not hold), and the raw web events of the other days
-//!   with their visitor numbers (stored ones, else numbers of that read).
+//! - The index of a range is one read transaction: the sealed days with their versions, and
+//!   the raw web events of the other days with their visitor numbers (stored ones, else
+//!   numbers of that read). The stored parts are read apart, by day and version.
 //! - A seal reads the day in a read transaction, then, in a short write transaction, checks
-//!   that the day's counters still say what they said (a batch that added to the day since
-//!   changed them), numbers the new visitor keys, and stores the segment built from what it
-//!   read. The read and the build stay off the write lock.
-//! - A batch that stores an event of a sealed day deletes the day's segment and raises the
-//!   generation in its own transaction (only imports can: live events are younger than any
-//!   sealed day).
+//!   that the day's write count (`day_revs`) is still what it read (a batch that wrote to the
+//!   day since raised it), numbers the new visitor keys, and stores the segment built from
+//!   what it read, under a new version. The read and the build stay off the write lock.
+//! - A batch that stores or updates an event of a day raises the day's write count and
+//!   deletes its segment, in its own transaction.
 
 use std::collections::{HashMap, HashSet};
 
 use super::*;
 use crate::core::segment::{self, DayEvent};
-use crate::store::{DictionaryRows, SegmentInput, TEMP_NUMBERS};
-
-/// Raise the segment generation (run in the transaction that deletes or rewrites segments).
-pub(super) const BUMP_SEGMENTS: &str = "INSERT INTO meta (key, value) VALUES ('segment_generation', 1) \
-     ON CONFLICT (key) DO UPDATE SET value = meta.value + 1";
+use crate::store::{DictionaryRows, PartsWanted, SegmentIndex, SegmentParts, TEMP_NUMBERS};
 
 /// Visitor numbers kept per generation of [`Numbers`] (two generations).
 const NUMBERS_PER_GENERATION: usize = 262_144;
@@ -61,14 +56,6 @@ fn site_id(conn: &Connection, site: &str) -> Result<Option<i64>, StoreError> {
         .prepare_cached("SELECT id FROM site_keys WHERE name = ?1")?
         .query_row([site], |r| r.get(0))
         .optional()?)
-}
-
-fn generation(conn: &Connection) -> Result<i64, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = 'segment_generation'",
-        )?
-        .query_row([], |r| r.get(0))?)
 }
 
 fn u32_of(n: i64, what: &str) -> Result<u32, StoreError> {
@@ -169,42 +156,29 @@ fn stored_numbers(
     Ok(out)
 }
 
-/// The read of [`crate::store::SegmentSource::segment_input`]; run it in a `snapshot`.
-pub(super) fn read_input(
+/// The read of [`crate::store::SegmentSource::segment_index`]; run it in a `snapshot`.
+pub(super) fn read_index(
     conn: &Connection,
     numbers: &Mutex<Numbers>,
     site: &str,
     from: i64,
     to: i64,
-    have: Option<(i64, Vec<i64>)>,
-) -> Result<SegmentInput, StoreError> {
-    let mut input = SegmentInput::default();
+) -> Result<SegmentIndex, StoreError> {
+    let mut index = SegmentIndex::default();
     let Some(site) = site_id(conn, site)? else {
-        return Ok(input);
-    };
-    input.generation = generation(conn)?;
-    let held: HashSet<i64> = match have {
-        Some((generation, days)) if generation == input.generation => days.into_iter().collect(),
-        _ => HashSet::new(),
+        return Ok(index);
     };
     let mut sealed_days = HashSet::new();
     {
         let mut days = conn.prepare_cached(
-            "SELECT day FROM segments WHERE site = ?1 AND day BETWEEN ?2 AND ?3 ORDER BY day",
+            "SELECT day, version FROM segments WHERE site = ?1 AND day BETWEEN ?2 AND ?3 \
+             ORDER BY day",
         )?;
-        let mut blob =
-            conn.prepare_cached("SELECT data FROM segments WHERE site = ?1 AND day = ?2")?;
-        let list: Vec<i64> = days
-            .query_map(params![site, from, to], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        for day in list {
-            let data = if held.contains(&day) {
-                None
-            } else {
-                Some(blob.query_row(params![site, day], |r| r.get::<_, Vec<u8>>(0))?)
-            };
+        let mut rows = days.query(params![site, from, to])?;
+        while let Some(row) = rows.next()? {
+            let day: i64 = row.get(0)?;
             sealed_days.insert(day);
-            input.sealed.push((num_day(day)?, data));
+            index.sealed.push((num_day(day)?, row.get(1)?));
         }
     }
     // The open days, read in runs of consecutive days between sealed ones.
@@ -233,9 +207,47 @@ pub(super) fn read_input(
         by_day.entry(e.day).or_default().push(e.event);
     }
     for (day, events) in by_day {
-        input.open.push((num_day(day)?, events));
+        index.open.push((num_day(day)?, events));
     }
-    Ok(input)
+    Ok(index)
+}
+
+/// The read of [`crate::store::SegmentSource::segment_parts`].
+pub(super) fn read_parts(
+    conn: &Connection,
+    site: &str,
+    wanted: &[PartsWanted],
+) -> Result<Vec<SegmentParts>, StoreError> {
+    let Some(site) = site_id(conn, site)? else {
+        return Ok(Vec::new());
+    };
+    let mut stmt = conn.prepare_cached(
+        "SELECT CASE WHEN ?4 THEN visits END, CASE WHEN ?5 THEN events END FROM segments \
+         WHERE site = ?1 AND day = ?2 AND version = ?3",
+    )?;
+    let mut out = Vec::with_capacity(wanted.len());
+    for w in wanted {
+        let found = stmt
+            .query_row(
+                params![site, day_num(w.day), w.version, w.visits, w.events],
+                |r| {
+                    Ok((
+                        r.get::<_, Option<Vec<u8>>>(0)?,
+                        r.get::<_, Option<Vec<u8>>>(1)?,
+                    ))
+                },
+            )
+            .optional()?;
+        if let Some((visits, events)) = found {
+            out.push(SegmentParts {
+                day: w.day,
+                version: w.version,
+                visits,
+                events,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Dictionary rows of `site` for the given ids.
@@ -307,28 +319,19 @@ pub(super) fn read_unsealed(
     Ok(days)
 }
 
-/// What the counters say of a day: its web page views and its custom events. A batch that
-/// adds to the day changes it in the same transaction.
-fn day_stamp(conn: &Connection, site: i64, day: i64) -> Result<(i64, i64), StoreError> {
-    let views: i64 = conn
-        .prepare_cached(
-            "SELECT COALESCE(SUM(c.views), 0) FROM counters c JOIN pages p ON p.id = c.scope \
-             WHERE p.site = ?1 AND p.path = '' AND c.source = 0 AND c.day = ?2",
-        )?
-        .query_row([site, day], |r| r.get(0))?;
-    let events: i64 = conn
-        .prepare_cached(
-            "SELECT COALESCE(SUM(count), 0) FROM event_counters WHERE site = ?1 AND day = ?2",
-        )?
-        .query_row([site, day], |r| r.get(0))?;
-    Ok((views, events))
+/// The day's write count: raised by every batch that stores or updates an event of it.
+fn day_rev(conn: &Connection, site: i64, day: i64) -> Result<i64, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT COALESCE(MAX(rev), 0) FROM day_revs WHERE site = ?1 AND day = ?2")?
+        .query_row([site, day], |r| r.get(0))?)
 }
 
-/// What a seal read: the day's events with their keys, the numbers already stored, the stamp.
+/// What a seal read: the day's events with their keys, the numbers already stored, the day's
+/// write count.
 pub(super) struct SealRead {
     site: i64,
     day: i64,
-    stamp: (i64, i64),
+    rev: i64,
     raw: Vec<RawEvent>,
     known: HashMap<[u8; 16], u32>,
 }
@@ -350,14 +353,14 @@ pub(super) fn seal_read(
     if sealed {
         return Ok(None);
     }
-    let stamp = day_stamp(conn, site, day)?;
+    let rev = day_rev(conn, site, day)?;
     let raw = raw_events(conn, site, day, day)?;
     let keys: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
     let known = stored_numbers(conn, numbers, site, &keys)?;
     Ok(Some(SealRead {
         site,
         day,
-        stamp,
+        rev,
         raw,
         known,
     }))
@@ -376,14 +379,14 @@ pub(super) fn seal_write(
     let SealRead {
         site,
         day,
-        stamp,
+        rev,
         raw,
         mut known,
     } = read;
     let sealed: bool = tx
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM segments WHERE site = ?1 AND day = ?2)")?
         .query_row([site, day], |r| r.get(0))?;
-    if sealed || day_stamp(tx, site, day)? != stamp {
+    if sealed || day_rev(tx, site, day)? != rev {
         return Ok(None);
     }
     let mut assigned = Vec::new();
@@ -424,22 +427,33 @@ pub(super) fn seal_write(
             e.event
         })
         .collect();
-    let bytes = segment::build(day_start_ms, events).encode();
-    tx.prepare_cached("INSERT INTO segments (site, day, data) VALUES (?1, ?2, ?3)")?
-        .execute(params![site, day, bytes])?;
+    let (seg, events) = segment::build(day_start_ms, events);
+    let version: i64 = tx
+        .prepare_cached(
+            "INSERT INTO meta (key, value) VALUES ('segment_version', 1) \
+             ON CONFLICT (key) DO UPDATE SET value = meta.value + 1 RETURNING value",
+        )?
+        .query_row([], |r| r.get(0))?;
+    tx.prepare_cached(
+        "INSERT INTO segments (site, day, version, visits, events) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![site, day, version, seg.bytes(), events.bytes()])?;
     Ok(Some(assigned))
 }
 
-/// Delete the segments of the (site, day)s a batch added events to; raises the generation when
-/// one was deleted. Run in the batch's transaction.
-pub(super) fn unseal(tx: &Connection, days: &HashSet<(i64, i64)>) -> Result<(), StoreError> {
-    let mut deleted = 0;
-    let mut stmt = tx.prepare_cached("DELETE FROM segments WHERE site = ?1 AND day = ?2")?;
+/// In a batch's transaction: raise the write count of each (site, day) it stored or updated an
+/// event of, and delete the day's segment if it was sealed (it is sealed again later).
+pub(super) fn touched(tx: &Connection, days: &HashSet<(i64, i64)>) -> Result<(), StoreError> {
+    let mut days: Vec<&(i64, i64)> = days.iter().collect();
+    days.sort_unstable();
+    let mut rev = tx.prepare_cached(
+        "INSERT INTO day_revs (site, day, rev) VALUES (?1, ?2, 1) \
+         ON CONFLICT (site, day) DO UPDATE SET rev = rev + 1",
+    )?;
+    let mut delete = tx.prepare_cached("DELETE FROM segments WHERE site = ?1 AND day = ?2")?;
     for (site, day) in days {
-        deleted += stmt.execute([site, day])?;
-    }
-    if deleted > 0 {
-        tx.execute_batch(BUMP_SEGMENTS)?;
+        rev.execute([site, day])?;
+        delete.execute([site, day])?;
     }
     Ok(())
 }
@@ -485,17 +499,16 @@ fn sealed_days(
     Ok(rows)
 }
 
-/// The visits and page views a stored segment says (for a drift report).
+/// The visits and page views a stored visits part says (for a drift report).
 fn said(bytes: &[u8]) -> (i64, i64) {
-    segment::Segment::decode(bytes).map_or((-1, -1), |s| {
-        (s.visit_count() as i64, s.pageviews.page.len() as i64)
+    segment::Segment::decode(bytes.to_vec()).map_or((-1, -1), |s| {
+        (s.visit_count() as i64, s.pageview_count as i64)
     })
 }
 
 /// Recount every sealed day of `site` (or of every site) whose raw events are kept: the
-/// stored segment must be the build of its raw events with their stored numbers. With
-/// `repair`, a differing segment is rebuilt (numbering keys that have none) and the
-/// generation raised.
+/// stored parts must be the build of its raw events with their stored numbers. With
+/// `repair`, a differing segment is rebuilt (numbering keys that have none).
 pub(super) async fn verify(
     store: &SqliteStore,
     site: Option<String>,
@@ -511,21 +524,24 @@ pub(super) async fn verify(
     for (id, name, day) in days {
         report.checked += 1;
         let numbers = Arc::clone(&store.numbers);
-        let (stored, recount) = store
+        type Stored = Option<(Vec<u8>, Vec<u8>)>;
+        let (stored, recount): (Stored, Stored) = store
             .read(move |conn| {
                 snapshot(conn, |tx| {
-                    let stored: Option<Vec<u8>> = tx
-                        .prepare_cached("SELECT data FROM segments WHERE site = ?1 AND day = ?2")?
-                        .query_row([id, day], |r| r.get(0))
+                    let stored: Stored = tx
+                        .prepare_cached(
+                            "SELECT visits, events FROM segments WHERE site = ?1 AND day = ?2",
+                        )?
+                        .query_row([id, day], |r| Ok((r.get(0)?, r.get(1)?)))
                         .optional()?;
                     let raw = raw_events(tx, id, day, day)?;
                     let keys: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
                     let known = stored_numbers(tx, &numbers, id, &keys)?;
-                    // A key without a number cannot be in a right segment: rebuild with none.
+                    // A key without a number cannot be in a right segment.
                     let complete = keys.iter().all(|k| known.contains_key(k));
                     let start = stored
-                        .as_deref()
-                        .and_then(|b| segment::Segment::decode(b).ok())
+                        .as_ref()
+                        .and_then(|(v, _)| segment::Segment::decode(v.clone()).ok())
                         .map_or(0, |s| s.day_start_ms);
                     let events = raw
                         .into_iter()
@@ -534,25 +550,28 @@ pub(super) async fn verify(
                             e.event
                         })
                         .collect();
-                    let rebuilt = segment::build(start, events).encode();
-                    Ok((stored, complete.then_some(rebuilt)))
+                    let (seg, evs) = segment::build(start, events);
+                    Ok((
+                        stored,
+                        complete.then(|| (seg.bytes().to_vec(), evs.bytes().to_vec())),
+                    ))
                 })
             })
             .await?;
-        let Some(stored) = stored else {
+        let Some((visits, events)) = stored else {
             continue;
         };
-        if recount.as_deref() == Some(stored.as_slice()) {
+        if recount.as_ref() == Some(&(visits.clone(), events.clone())) {
             continue;
         }
         let day_date = num_day(day)?;
         report.drift.push(crate::store::Drift {
             key: format!("{name}/segment/{day_date}"),
-            stored: said(&stored),
-            recounted: recount.as_deref().map_or((-1, -1), said),
+            stored: said(&visits),
+            recounted: recount.as_ref().map_or((-1, -1), |(v, _)| said(v)),
         });
         if repair {
-            let start = segment::Segment::decode(&stored).map_or(0, |s| s.day_start_ms);
+            let start = segment::Segment::decode(visits).map_or(0, |s| s.day_start_ms);
             let numbers = Arc::clone(&store.numbers);
             let assigned = store
                 .write(move |w| {
@@ -563,7 +582,6 @@ pub(super) async fn verify(
                         "DELETE FROM segments WHERE site = ?1 AND day = ?2",
                         [id, day],
                     )?;
-                    tx.execute_batch(BUMP_SEGMENTS)?;
                     let read = seal_read(&tx, &numbers, &name, day)?;
                     let out = match read {
                         Some(read) => seal_write(&tx, read, start)?,

@@ -153,6 +153,7 @@ fn commit_inner(
                         scroll,
                     ])?;
                     outcomes.push(if changed > 0 {
+                        touched_days.insert((site, day));
                         Outcome::Accepted
                     } else {
                         Outcome::Duplicate
@@ -293,7 +294,7 @@ fn commit_inner(
         for ((site, day, host), views) in referrer_deltas {
             bump_referrer.execute(params![site, day, host, views])?;
         }
-        super::segments::unseal(&tx, &touched_days)?;
+        super::segments::touched(&tx, &touched_days)?;
         if let Some(ms) = not_kept_until {
             // Counted without raw events: for `verify`, exactly like raw events pruned.
             tx.execute(
