@@ -12,12 +12,15 @@
 //!   so a drop never takes a segment from under a running read.
 //! - Dictionary rows (page paths, dimension tuples) never change once stored, so they are
 //!   kept until their budget is full.
+//! - Imported breakdowns are read per question, only when asked ([`Analytics::answer_with`])
+//!   and only where `store::merge::plan` says they answer it; they are never kept.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use jiff::civil::Date;
 
+use super::merge::{self, Imports};
 use super::{DIM_AGENT, DIM_SOURCE, OTHER_DIM, SegmentSource, StoreError};
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
@@ -136,7 +139,8 @@ impl Analytics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Answer each query over `site`'s local days `from..=to` in `zone`, from one read.
+    /// Answer each query over `site`'s local days `from..=to` in `zone`, from one read: the
+    /// counted events alone.
     pub async fn answer(
         &self,
         site: &SiteId,
@@ -145,6 +149,24 @@ impl Analytics {
         to: Date,
         queries: &[Query],
     ) -> Result<Vec<Answer>, AnalyticsError> {
+        let answers = self
+            .answer_with(site, zone, from, to, queries, false)
+            .await?;
+        Ok(answers.into_iter().map(|(a, _)| a).collect())
+    }
+
+    /// [`Analytics::answer`], with `imports`: each answer also includes the imported
+    /// breakdowns where they can answer its question (`store::imported`), and says whether
+    /// it did and what its reader should know.
+    pub async fn answer_with(
+        &self,
+        site: &SiteId,
+        zone: &SiteZone,
+        from: Date,
+        to: Date,
+        queries: &[Query],
+        imports: bool,
+    ) -> Result<Vec<(Answer, Imports)>, AnalyticsError> {
         for q in queries {
             q.check()?;
         }
@@ -152,7 +174,15 @@ impl Analytics {
         let refs: Vec<(Date, &Segment)> = segments.iter().map(|(d, s)| (*d, &**s)).collect();
         let mut out = Vec::with_capacity(queries.len());
         for q in queries {
-            out.push(query::run(q, from, to, zone, &refs, &*dict)?);
+            let (extra, said) = if imports {
+                merge::extras(&*self.source, site, from, to, q).await?
+            } else {
+                (Vec::new(), Imports::default())
+            };
+            out.push((
+                query::run_with(q, from, to, zone, &refs, &*dict, &extra)?,
+                said,
+            ));
         }
         Ok(out)
     }

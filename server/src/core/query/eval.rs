@@ -4,6 +4,10 @@
 //! (a few hundred per day), not per visit: filters become one flag per local source, agent,
 //! page and name, dimensions one interned value number each. The pass over visits then only
 //! indexes small tables. Distinct visitors are exact (a bitmap of visitor numbers per row).
+//!
+//! Sums kept without visitor ids (imported daily aggregates, [`Extra`]) can be added to the
+//! rows: their visitors are added as numbers (never merged into the bitmaps), their visits,
+//! bounces and durations as the sums they are, so every ratio stays exact over both.
 
 use std::collections::HashMap;
 
@@ -14,6 +18,10 @@ use super::{Dimension, Filter, Grain, Invalid, Metric, OrderKey, Query, VisitDim
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
 use crate::core::segment::Segment;
+
+mod extra;
+
+pub use extra::{Extra, Sums};
 
 /// What the evaluator needs to know of stored ids.
 pub trait Dictionary {
@@ -64,6 +72,8 @@ pub struct Answer {
 #[derive(Default)]
 struct Acc {
     visitors: RoaringBitmap,
+    /// Visitors of [`Extra`]s, summed.
+    extra_visitors: u64,
     visits: u64,
     pageviews: u64,
     events: u64,
@@ -232,6 +242,21 @@ pub fn run(
     segments: &[(Date, &Segment)],
     dict: &dyn Dictionary,
 ) -> Result<Answer, Invalid> {
+    run_with(query, from, to, zone, segments, dict, &[])
+}
+
+/// [`run`], with `extra` sums added to the rows their values (and day) name. The caller
+/// hands only extras that pass the query's filters, each with one value per non-time
+/// dimension; one with the wrong number of values is an [`Invalid`].
+pub fn run_with(
+    query: &Query,
+    from: Date,
+    to: Date,
+    zone: &SiteZone,
+    segments: &[(Date, &Segment)],
+    dict: &dyn Dictionary,
+    extra: &[Extra],
+) -> Result<Answer, Invalid> {
     query.check()?;
     let dims = &query.dimensions;
     let slots: Vec<Slot> = dims.iter().map(|d| slot(*d)).collect();
@@ -397,7 +422,16 @@ pub fn run(
             }
         }
     }
-    Ok(finish(query, rows, values, total.len(), from, to, zone))
+    let extra_total = extra::add(extra, &slots, &mut key, &mut values, &mut rows, from)?;
+    Ok(finish(
+        query,
+        rows,
+        values,
+        total.len() + extra_total,
+        from,
+        to,
+        zone,
+    ))
 }
 
 /// Where an event sits in a segment.
@@ -668,7 +702,7 @@ fn finish(
         .keys
         .iter()
         .zip(&rows.accs)
-        .filter(|(_, a)| a.visits > 0 || a.events > 0 || a.whole_visits > 0)
+        .filter(|(_, a)| a.visits > 0 || a.events > 0 || a.whole_visits > 0 || a.extra_visitors > 0)
         .map(|(key, a)| Row {
             dimensions: key
                 .iter()
@@ -792,7 +826,7 @@ fn labels(grain: Grain, from: Date, to: Date) -> Vec<String> {
 fn metric(m: Metric, a: &Acc, total_visitors: u64) -> Value {
     let round = |x: f64| Value::Int(x.round() as u64);
     match m {
-        Metric::Visitors => Value::Int(a.visitors.len()),
+        Metric::Visitors => Value::Int(a.visitors.len() + a.extra_visitors),
         Metric::Visits => Value::Int(a.visits),
         Metric::Pageviews => Value::Int(a.pageviews),
         Metric::Events => Value::Int(a.events),
@@ -808,7 +842,7 @@ fn metric(m: Metric, a: &Acc, total_visitors: u64) -> Value {
         }
         Metric::ScrollDepth => ratio(a.scroll_sum, a.scroll_visits).map_or(Value::Null, round),
         Metric::Percentage => Value::Float(
-            ratio(a.visitors.len() * 100, total_visitors)
+            ratio((a.visitors.len() + a.extra_visitors) * 100, total_visitors)
                 .map_or(0.0, |x| (x * 10.0).round() / 10.0),
         ),
     }

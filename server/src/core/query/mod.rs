@@ -28,7 +28,7 @@
 
 mod eval;
 
-pub use eval::{Answer, Dictionary, Row, Value, order_of, run};
+pub use eval::{Answer, Dictionary, Extra, Row, Sums, Value, order_of, run, run_with};
 
 /// A metric that can be asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
