@@ -546,6 +546,10 @@ pub struct ImportOptions {
     /// Events before this instant (ms since the epoch) are counted without being kept raw
     /// (older than the raw-event retention); `None` keeps every raw event.
     pub raw_before_ms: Option<i64>,
+    /// The import's lease (ms since the epoch): raised in `meta.import_until_ms` by the
+    /// batch; until then [`Maintenance::prune`] removes no raw event, so a day the import
+    /// is still writing keeps every raw event until it is sealed whole.
+    pub lease_until_ms: Option<i64>,
 }
 
 /// One imported daily aggregate.
@@ -567,7 +571,10 @@ pub trait ImportSink: Send + Sync {
     /// even after retention pruned its raw events), and events older than
     /// [`ImportOptions::raw_before_ms`] are counted without being kept raw, the raw prune
     /// marker raised past them in the same transaction (so `verify` treats their rows like
-    /// rows whose raw events were pruned). One transaction; one outcome per record, in order.
+    /// rows whose raw events were pruned). A sealed day whose raw events were pruned keeps
+    /// its segment: records added to it are counted but are not in its breakdowns (its
+    /// segment could not be rebuilt whole). One transaction; one outcome per record, in
+    /// order.
     async fn import_events(
         &self,
         records: Vec<Record>,

@@ -220,6 +220,18 @@ pub(super) async fn read_dictionary(
     Ok(out)
 }
 
+/// The first day all of whose raw events are still kept: days before it may have lost some
+/// to retention (`meta.pruned_before_ms`; a local day starts up to 26 h before its UTC date).
+async fn first_complete_day(client: &impl GenericClient) -> Result<i32, Fail> {
+    let pruned: Option<i64> = client
+        .query_opt("SELECT value FROM meta WHERE key = 'pruned_before_ms'", &[])
+        .await?
+        .map(|r| r.get(0));
+    Ok(pruned.map_or(0, |ms| {
+        i32::try_from(ms.div_euclid(86_400_000) + 2).unwrap_or(i32::MAX)
+    }))
+}
+
 pub(super) async fn read_unsealed(
     store: &PgStore,
     site: &str,
@@ -230,11 +242,7 @@ pub(super) async fn read_unsealed(
     let Some(site) = site_id(&client, site).await? else {
         return Ok(Vec::new());
     };
-    let pruned: Option<i64> = client
-        .query_opt("SELECT value FROM meta WHERE key = 'pruned_before_ms'", &[])
-        .await?
-        .map(|r| r.get(0));
-    let first = pruned.map_or(0, |ms| (ms.div_euclid(86_400_000) + 2) as i32);
+    let first = first_complete_day(&client).await?;
     let rows = client
         .query(
             "SELECT day FROM ( \
@@ -336,7 +344,13 @@ pub(super) async fn unseal(
     if days.is_empty() {
         return Ok(());
     }
-    let (s, d): (Vec<i64>, Vec<i32>) = days.iter().copied().unzip();
+    // A day whose raw events may be pruned keeps its segment: it could not be sealed again
+    // whole (`read_unsealed` never offers it), so the segment is what stays of its visits.
+    let first = first_complete_day(tx).await?;
+    let (s, d): (Vec<i64>, Vec<i32>) = days.iter().copied().filter(|(_, d)| *d >= first).unzip();
+    if s.is_empty() {
+        return Ok(());
+    }
     let deleted = tx
         .execute(
             "DELETE FROM segments WHERE (site, day) IN \

@@ -229,6 +229,9 @@ pub(super) async fn commit_batch(
     }
     let mut accepted = insert_events(&tx, &kept).await?;
     super::segments::unseal(&tx, &days).await?;
+    if let Some(until) = import.and_then(|o| o.lease_until_ms) {
+        raise_marker(&tx, "import_until_ms", until).await?;
+    }
     engage(&tx, &mut resolver, records, &engagements, &mut outcomes).await?;
     if let Some(latest) = not_kept.iter().map(|row| row.record.at_ms).max() {
         accepted.extend(

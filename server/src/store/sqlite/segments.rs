@@ -275,6 +275,20 @@ pub(super) fn read_dictionary(
 
 /// Days of `site` up to `through` with web page views or custom events and no segment, after
 /// the raw-event prune marker (a pruned day cannot be rebuilt), oldest first.
+/// The first day all of whose raw events are still kept: days before it may have lost some
+/// to retention (`meta.pruned_before_ms`).
+fn first_complete_day(conn: &Connection) -> Result<i64, StoreError> {
+    let pruned: Option<i64> = conn
+        .prepare_cached("SELECT value FROM meta WHERE key = 'pruned_before_ms'")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    // A day may start up to 26 h before its UTC date (see `event_id_range`): only days
+    // entirely after the marker are complete.
+    Ok(pruned.map_or(0, |ms| {
+        utc_day_num(jiff::Timestamp::from_millisecond(ms).unwrap_or_default()) + 2
+    }))
+}
+
 pub(super) fn read_unsealed(
     conn: &Connection,
     site: &str,
@@ -284,15 +298,7 @@ pub(super) fn read_unsealed(
     let Some(site) = site_id(conn, site)? else {
         return Ok(Vec::new());
     };
-    let pruned: Option<i64> = conn
-        .prepare_cached("SELECT value FROM meta WHERE key = 'pruned_before_ms'")?
-        .query_row([], |r| r.get(0))
-        .optional()?;
-    // A day may start up to 26 h before its UTC date (see `event_id_range`): only days
-    // entirely after the marker are complete.
-    let first = pruned.map_or(0, |ms| {
-        utc_day_num(jiff::Timestamp::from_millisecond(ms).unwrap_or_default()) + 2
-    });
+    let first = first_complete_day(conn)?;
     let mut stmt = conn.prepare_cached(
         "SELECT day FROM ( \
              SELECT c.day FROM counters c JOIN pages p ON p.id = c.scope \
@@ -434,9 +440,14 @@ pub(super) fn seal_write(
 /// one was deleted. Run in the batch's transaction.
 pub(super) fn unseal(tx: &Connection, days: &HashSet<(i64, i64)>) -> Result<(), StoreError> {
     let mut deleted = 0;
+    // A day whose raw events may be pruned keeps its segment: it could not be sealed again
+    // whole (`read_unsealed` never offers it), so the segment is what stays of its visits.
+    let first = first_complete_day(tx)?;
     let mut stmt = tx.prepare_cached("DELETE FROM segments WHERE site = ?1 AND day = ?2")?;
     for (site, day) in days {
-        deleted += stmt.execute([site, day])?;
+        if *day >= first {
+            deleted += stmt.execute([site, day])?;
+        }
     }
     if deleted > 0 {
         tx.execute_batch(BUMP_SEGMENTS)?;
