@@ -330,7 +330,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 let stdout = std::io::stdout();
                 let mut out = std::io::BufWriter::new(stdout.lock());
-                tally::ops::export::export(store.as_ref(), &id, range, format, what, &mut out)
+                tally::ops::export::export(store, &id, range, format, what, &mut out)
                     .await?;
                 Ok(())
             }

@@ -1,16 +1,19 @@
 //! Plausible's daily breakdowns: kept per table, day and value, merged into the answers that
-//! ask for imports (the store's analytics, `POST /api/v2/query` and the dashboard). Every
-//! test runs the real CLI on SQLite and on PostgreSQL.
+//! ask for imports (the store's analytics and `POST /api/v2/query`), and `tally export --what
+//! breakdowns|visits` equal to what the analytics answer. Every test runs the real CLI on
+//! SQLite and on PostgreSQL.
 
 use std::path::Path;
 use std::process::Stdio;
 
 use jiff::civil::{Date, date};
 use serde_json::{Value as Json, json};
-use tally::core::query::{Dimension, Grain, Metric, VisitDim};
+use tally::core::day::SiteZone;
+use tally::core::query::{Dimension, Grain, Metric, Value, VisitDim};
+use tally::store::analytics::Analytics;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::import::{Backend, Db, on_both, sample};
+use crate::import::{Backend, Db, blog, on_both, sample};
 use crate::import_dims::{ask, is, pairs, question, visitors_by};
 
 /// A zip of Plausible's CSV files, `(name, text)`.
@@ -378,4 +381,141 @@ async fn serve(db: &Db) -> (tokio::process::Child, String) {
         .expect("listening")
         .to_owned();
     (child, base)
+}
+
+/// `tally export --what breakdowns` as (day, dimension, value) → its JSON row.
+async fn exported(db: &Db, range: (Date, Date)) -> Vec<Json> {
+    let text = db
+        .export(&[
+            "--what",
+            "breakdowns",
+            "--format",
+            "json",
+            "--from",
+            &range.0.to_string(),
+            "--to",
+            &range.1.to_string(),
+        ])
+        .await;
+    serde_json::from_str::<Vec<Json>>(&text).expect("a JSON array")
+}
+
+// Counted visits (a log), imported events (GoatCounter) and imported breakdowns (Plausible)
+// exported per day and dimension: every row is what the analytics answer for that range.
+on_both!(export_of_breakdowns_is_what_the_analytics_answer);
+async fn export_of_breakdowns_is_what_the_analytics_answer(db: Db) {
+    let zip = db.dir.join("plausible.zip");
+    plausible_export(&zip);
+    db.import("plausible", &zip, &[]).await;
+    db.import("goatcounter", &sample("goatcounter-dims.csv"), &[])
+        .await;
+    db.import("combined", &sample("access.log"), &[]).await;
+    db.verify_clean().await;
+    let range = (date(2024, 11, 1), date(2025, 3, 3));
+    let rows = exported(&db, range).await;
+    let store = db.store().await;
+    let metrics = [
+        Metric::Visitors,
+        Metric::Visits,
+        Metric::Pageviews,
+        Metric::Events,
+        Metric::BounceRate,
+        Metric::VisitDuration,
+    ];
+    let mut checked = 0;
+    for (name, dim) in Dimension::ALL
+        .iter()
+        .filter(|(_, d)| !matches!(d, Dimension::Time(_)))
+    {
+        let asked: Vec<Metric> = metrics
+            .iter()
+            .copied()
+            .filter(|m| {
+                question(&[*m], &[Dimension::Time(Grain::Day), *dim], Vec::new())
+                    .check()
+                    .is_ok()
+            })
+            .collect();
+        let (answer, _) = ask(
+            &store,
+            range,
+            question(&asked, &[Dimension::Time(Grain::Day), *dim], Vec::new()),
+            true,
+        )
+        .await;
+        let mut want: Vec<(String, String, Vec<Json>)> = answer
+            .iter()
+            .map(|(d, _)| (d[0].clone(), d[1].clone(), Vec::new()))
+            .collect();
+        // The metrics as JSON values, the way the API and the export write them.
+        let analytics = Analytics::new(store.clone(), 1 << 20);
+        let full = analytics
+            .answer_with(
+                &blog(),
+                &SiteZone::utc(),
+                range.0,
+                range.1,
+                &[question(
+                    &asked,
+                    &[Dimension::Time(Grain::Day), *dim],
+                    Vec::new(),
+                )],
+                true,
+            )
+            .await
+            .expect("answers");
+        for (slot, row) in want.iter_mut().zip(&full[0].0.rows) {
+            slot.2 = metrics
+                .iter()
+                .map(|m| match asked.iter().position(|x| x == m) {
+                    Some(i) => match row.metrics[i] {
+                        Value::Int(n) => json!(n),
+                        Value::Float(x) => json!(x),
+                        Value::Null => Json::Null,
+                    },
+                    None => Json::Null,
+                })
+                .collect();
+        }
+        let mut got: Vec<(String, String, Vec<Json>)> = rows
+            .iter()
+            .filter(|r| r["dimension"] == *name)
+            .map(|r| {
+                (
+                    r["day"].as_str().unwrap_or("").to_owned(),
+                    r["value"].as_str().unwrap_or("").to_owned(),
+                    metrics.iter().map(|m| r[m.name()].clone()).collect(),
+                )
+            })
+            .collect();
+        want.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        got.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        assert!(!want.is_empty(), "{name}: rows to compare");
+        assert_eq!(got, want, "{name}");
+        checked += want.len();
+    }
+    assert_eq!(rows.len(), checked, "no other rows");
+    // A day of the log (2025-03-02, counted events) and a day of Plausible both appear.
+    assert!(rows.iter().any(|r| r["day"] == "2025-03-02"));
+    assert!(
+        rows.iter()
+            .any(|r| r["day"] == "2024-11-01" && r["value"] == "Chrome")
+    );
+
+    let visits = db
+        .export(&[
+            "--what",
+            "visits",
+            "--from",
+            "2024-11-01",
+            "--to",
+            "2024-11-02",
+        ])
+        .await;
+    assert_eq!(
+        visits,
+        "day,visitors,visits,pageviews,views_per_visit,bounce_rate,visit_duration\n\
+         2024-11-01,130,150,178,1.19,53,140\n\
+         2024-11-02,95,110,122,1.11,55,136\n"
+    );
 }
