@@ -10,7 +10,7 @@
 //
 // Contract of the output (what server/src/http/assets.rs and the loader rely on):
 // - OUT/tally-<hash>.js: the glue with js/host.js inlined in place of its import (so the page
-//   loads one module), minified; <hash> = first 12 hex of its SHA-256.
+//   loads one module), minified; <hash> = first 8 hex of its SHA-256 (each byte of a name is downloaded).
 // - OUT/tally-<hash>.wasm: the module; <hash> likewise. Both names are immutable.
 // - OUT/tally.js: the loader, minified, pointing at those two names relative to itself.
 // - Beside each of the three, NAME.gz (zopfli) and NAME.br (brotli q11) of the same bytes.
@@ -81,7 +81,7 @@ must(/^let wasmModule, wasmInstance, wasm;\n[\s\S]*$/m, `let wasm;
 export default async function (url) {
   const i = __wbg_get_imports();
   const r = await fetch(url);
-  if (!r.ok) throw new Error('failed to fetch Wasm: ' + r.status);
+  if (!r.ok) throw Error('wasm ' + r.status);
   const { instance } = await WebAssembly.instantiateStreaming(r.clone(), i)
     .catch(() => r.arrayBuffer().then((b) => WebAssembly.instantiate(b, i)));
   wasm = instance.exports;${start}
@@ -92,23 +92,35 @@ must(/^let cachedDataViewMemory0 = null;\n/m, '');
 must(/^let cachedUint8ArrayMemory0 = null;\n/m, '');
 fn('getDataViewMemory0', 'function getDataViewMemory0() { return new DataView(wasm.memory.buffer); }');
 fn('getUint8ArrayMemory0', 'function getUint8ArrayMemory0() { return new Uint8Array(wasm.memory.buffer); }');
+// The default decoder (UTF-8) also drops a leading byte order mark, which none of the strings
+// the module hands out (URLs, ids, storage keys and values, JSON bodies) can start with.
 must(/^let cachedTextDecoder = [\s\S]*?^function decodeText\(bytes\) \{\n[\s\S]*?^\}\n/m,
-  "const cachedTextDecoder = new TextDecoder('utf-8', { ignoreBOM: true });\nfunction decodeText(bytes) { return cachedTextDecoder.decode(bytes); }\n");
+  "const cachedTextDecoder = new TextDecoder();\nfunction decodeText(bytes) { return cachedTextDecoder.decode(bytes); }\n");
+// The imports object needs no null prototype: instantiation reads only its own properties.
+must(/^(\s+const import0 = \{\n)\s+__proto__: null,\n/m, '$1');
+// Pointers need no `>>> 0` (an unsigned view of an i32): this module's memory stays far below
+// 2 GiB, so every pointer is a non-negative i32.
 fn('passStringToWasm0', `function passStringToWasm0(arg, malloc) {
-  const buf = cachedTextEncoder.encode(arg), ptr = malloc(buf.length, 1) >>> 0;
+  const buf = cachedTextEncoder.encode(arg), ptr = malloc(buf.length, 1);
   getUint8ArrayMemory0().set(buf, ptr);
   WASM_VECTOR_LEN = buf.length;
   return ptr;
 }`);
 must(/, wasm\.__wbindgen_realloc/g, '');
-must(/^    try \{\n([\s\S]*?)^    \} catch \(e\) \{\n[\s\S]*?^        throw e;\n    \}\n/gm, '$1');
-// The export run(op, s, w, a, b, c) (src/web.rs): wasm-bindgen's wrapper copies the three
-// strings into the module's memory one by one into locals, then calls; JavaScript evaluates
-// arguments left to right, so each (pointer, length) pair can be made in the call itself.
-must(/^export function run\(op, s, w, a, b, c\) \{\n[\s\S]*?^    wasm\.run\(val4, val5, val6, ptr0, len0, ptr1, len1, ptr2, len2\);\n\}\n/m,
+must(/^(function getStringFromWasm0\(ptr, len\) \{\n)    ptr = ptr >>> 0;\n/m, '$1');
+// A string an import returns is written to the module's return slot, a #[repr(C)] pair of u32
+// (pointer, length; so 4-aligned) in little-endian wasm memory: one typed-array store instead
+// of two DataView writes, and no DataView at all.
+must(/^( +)getDataViewMemory0\(\)\.setInt32\(\((\w+) >>> 0\) \+ 4 \* 1, (\w+), true\);\n +getDataViewMemory0\(\)\.setInt32\(\(\2 >>> 0\) \+ 4 \* 0, (\w+), true\);\n/gm,
+  '$1new Int32Array(wasm.memory.buffer, $2, 2).set([$4, $3]);\n');
+// The export run(op, s, w, text) (src/web.rs) takes its three strings joined by src/ops.rs's
+// SEP (NUL), one string passed instead of three: the glue's run(op, s, w, a, b, c), which the
+// loader and host.js call, joins them (join makes a missing one empty, where concatenation
+// would write "undefined"). JavaScript evaluates arguments left to right, so the (pointer,
+// length) pair is made in the call itself.
+must(/^export function run\(op, s, w, text\) \{\n[\s\S]*?^    wasm\.run\(val\d, val\d, val\d, ptr0, len0\);\n\}\n/m,
   `export function run(op, s, w, a, b, c) {
-  const str = (x) => passStringToWasm0(x, wasm.__wbindgen_malloc);
-  wasm.run(op, s, w, str(a), WASM_VECTOR_LEN, str(b), WASM_VECTOR_LEN, str(c), WASM_VECTOR_LEN);
+  wasm.run(op, s, w, passStringToWasm0([a, b, c].join('\\0'), wasm.__wbindgen_malloc), WASM_VECTOR_LEN);
 }
 `);
 
@@ -154,7 +166,7 @@ const terse = async (code, module) => {
 };
 const glueMin = await terse(glue, true);
 const wasm = readFileSync(join(bindgenDir, 'tally_client_bg.wasm'));
-const hash = (buf) => createHash('sha256').update(buf).digest('hex').slice(0, 12);
+const hash = (buf) => createHash('sha256').update(buf).digest('hex').slice(0, 8);
 const glueName = `tally-${hash(glueMin)}.js`;
 const wasmName = `tally-${hash(wasm)}.wasm`;
 

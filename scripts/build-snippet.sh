@@ -63,6 +63,13 @@ fi
 # initialiser import and start export (74 B gzip in all).
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="${CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS:-} -Ctarget-feature=-reference-types"
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS
+# Per-package optimisation levels, measured (ARCHITECTURE.md, "Size"): `alloc` at 1 keeps
+# String and Vec growth as shared calls rather than copies inlined at every push, and
+# wasm-bindgen at "s" lets LLVM see that a string handed over from JavaScript never needs
+# shrinking: 268 B gzip less together; every other package is smallest at the profile's "z".
+# Given here, not in Cargo.toml: `alloc` is a package only under -Zbuild-std, and there cargo
+# would warn on every other build that the override names no package.
+BUILD+=(--config 'profile.wasm.package.alloc.opt-level=1' --config 'profile.wasm.package.wasm-bindgen.opt-level="s"')
 log "mode=$MODE: ${BUILD[*]} -p tally-client --lib --profile wasm"
 # Keep the target_features section (strip=true drops it and wasm-bindgen then guesses);
 # wasm-bindgen removes names and producers below, wasm-opt the rest.

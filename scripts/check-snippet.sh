@@ -23,14 +23,14 @@ have=$(snippet_inputs_hash)
   fail "static/ is stale"
 }
 
-for name in $(grep -oE '"tally-[0-9a-f]{12}\.(js|wasm)"' static/manifest.rs | tr -d '"'); do
+for name in $(grep -oE '"tally-[0-9a-f]{8}\.(js|wasm)"' static/manifest.rs | tr -d '"'); do
   [[ -f static/$name ]] || fail "static/manifest.rs names $name, which is missing"
   case $name in
     *.wasm) sum=$(sha256sum < "static/$name") ;;
     # The glue file ends with the newline the build appends; its name hashes the code before it.
     *.js) sum=$(head -c -1 "static/$name" | sha256sum) ;;
   esac
-  [[ $name == tally-${sum:0:12}.* ]] || fail "static/$name does not match its content hash"
+  [[ $name == tally-${sum:0:8}.* ]] || fail "static/$name does not match its content hash"
   grep -q "$name" static/tally.js || fail "static/tally.js does not load $name"
 done
 served=$(grep -oE '"/\.\./static/[^"]+"' static/manifest.rs | sed 's|"/\.\./static/||; s|"$||' | LC_ALL=C sort)

@@ -9,18 +9,18 @@ pub const LOADER_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), 
 /// The loader, served at `/tally.js`, brotli-compressed.
 pub const LOADER_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally.js.br"));
 /// File name of the wasm-bindgen glue (content-hashed: immutable).
-pub const GLUE_NAME: &str = "tally-9b640e4e2b51.js";
+pub const GLUE_NAME: &str = "tally-536ea46e.js";
 /// The glue (an ES module with the host functions inlined).
-pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-9b640e4e2b51.js"));
+pub const GLUE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-536ea46e.js"));
 /// The glue (an ES module with the host functions inlined), gzip-compressed.
-pub const GLUE_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-9b640e4e2b51.js.gz"));
+pub const GLUE_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-536ea46e.js.gz"));
 /// The glue (an ES module with the host functions inlined), brotli-compressed.
-pub const GLUE_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-9b640e4e2b51.js.br"));
+pub const GLUE_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-536ea46e.js.br"));
 /// File name of the WebAssembly module (content-hashed: immutable).
-pub const WASM_NAME: &str = "tally-4fb89b5ebc3c.wasm";
+pub const WASM_NAME: &str = "tally-f3ca9ab4.wasm";
 /// The WebAssembly module.
-pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-4fb89b5ebc3c.wasm"));
+pub const WASM: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-f3ca9ab4.wasm"));
 /// The WebAssembly module, gzip-compressed.
-pub const WASM_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-4fb89b5ebc3c.wasm.gz"));
+pub const WASM_GZ: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-f3ca9ab4.wasm.gz"));
 /// The WebAssembly module, brotli-compressed.
-pub const WASM_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-4fb89b5ebc3c.wasm.br"));
+pub const WASM_BR: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../static/tally-f3ca9ab4.wasm.br"));

@@ -10,7 +10,7 @@
 
 // Calls the module. Arguments an operation does not use may be left out: the glue passes a
 // missing number as NaN (0 in an integer parameter, read as 0 in `w`) and a missing string as
-// '' (TextEncoder.encode's default).
+// '' (its run joins the three strings with Array.prototype.join).
 function callModule(op, s, w, a, b, c) {
   try {
     run(op, s, w, a, b, c);
@@ -23,9 +23,9 @@ function storageArea(session) {
 
 // Retry-After as a wait in ms: delay-seconds, or an HTTP-date in any of its three forms
 // (Date.parse reads IMF-fixdate, RFC 850 and asctime; asctime carries no zone, so GMT is
-// added). Absent, unreadable (NaN) or past (negative): the module treats all as 0.
+// added). Absent (null, read as the date "null GMT"), unreadable (NaN) or past (negative): the
+// module treats all as 0.
 function retryAfterMs(header) {
-  if (header == null) return 0;
   if (/^\s*\d+\s*$/.test(header)) return header * 1e3;
   return Date.parse(/gmt/i.test(header) ? header : header + ' GMT') - Date.now();
 }
@@ -43,17 +43,33 @@ export function num(op, x) {
     case Num.Listen:
       listen(x);
       return 0;
+    case Num.Engaged:
+      return !document.hidden && document.hasFocus();
+    case Num.Scroll:
+      return (deepest = x ? 0 : depth());
+    case Num.Screen:
+      return screen.width;
+    case Num.Random:
+      return crypto.getRandomValues(new Uint8Array(1))[0];
   }
 }
 
-export function rand(bytes) {
-  crypto.getRandomValues(bytes);
+// The largest scroll depth since the module's last reset (a new page view).
+let deepest = 0;
+
+// The largest of `deepest` and the share of the document seen now, whole percent rounded down
+// (a page that fits the window: 100 or more; the module caps it at 100). While the document is
+// still loading its height is not known yet: nothing new is read.
+function depth() {
+  const seen = document.readyState != 'loading' && ((scrollY + innerHeight) * 100 / document.documentElement?.scrollHeight | 0);
+  return seen > deepest ? seen : deepest;
 }
 
-// An absent key (or a storage that throws) reads as ''.
-export function load(session, key) {
+// A storage key (area 0 localStorage, 1 sessionStorage; an absent key, or a storage that
+// throws, reads as ''), or the page's URL (area 2) or referrer (area 3).
+export function load(area, key) {
   try {
-    return storageArea(session).getItem(key) || '';
+    return area > 3 ? JSON.stringify(key) : area > 1 ? (area > 2 ? document.referrer : location.href) : storageArea(area).getItem(key) || '';
   } catch (e) {
     return '';
   }
@@ -75,12 +91,9 @@ const inFlight = new Set();
 
 function answered(id, status, waitMs, body) {
   inFlight.delete(id);
-  callModule(Op.Answer, status, waitMs, body, id);
+  callModule(Op.Answer, status, waitMs, id, '', body);
 }
 
-export function busy(id) {
-  return inFlight.has(id);
-}
 
 // A hit to collector `api` (with &counts=1 when `counts`), every URL with a fresh t= cache
 // buster. With event id `id`: fetch with a text/plain body (no CORS preflight), keepalive so it
@@ -106,16 +119,14 @@ export function send(api, counts, body, id) {
   return false;
 }
 
-export function page(referrer) {
-  return referrer ? document.referrer : location.href;
-}
-
-// Is the page still at URL `url`: the same path (pathOnly), or the same URL but for the
-// fragment? Compared by the browser's own URL parser.
-export function same(url, pathOnly) {
+// Is the page still at URL `s`: the same URL but for the fragment (what 0) or the same path
+// (what 1), compared by the browser's own URL parser? Or (what 2) is `s` an event id whose
+// fetch awaits its answer?
+export function is(s, what) {
+  if (what > 1) return inFlight.has(s);
   try {
-    const then = new URL(url);
-    return pathOnly ? then.pathname == location.pathname : then.href.split('#')[0] == location.href.split('#')[0];
+    const then = new URL(s);
+    return what ? then.pathname == location.pathname : then.href.split('#')[0] == location.href.split('#')[0];
   } catch (e) {
     return false;
   }
@@ -125,19 +136,16 @@ function wantsCounts(busuanzi) {
   return document.readyState == 'loading' || !!document.querySelector('[data-tally]' + (busuanzi ? ',[id^=busuanzi_]' : ''));
 }
 
-// `answer` is a tally_wire::HitResponse; its counts fill the counters (show).
-export function fill(answer, busuanzi) {
+// Fills the counters (show): without `site`, from `a`, a tally_wire::HitResponse with counts;
+// with it, from the counts of the current page on collector `a`, read (GET /api/v1/counts
+// counts nothing).
+export function counts(a, site, busuanzi) {
   try {
-    show(JSON.parse(answer).counts, busuanzi);
-  } catch (e) {}
-}
-
-// The counts of the current page, read (GET /api/v1/counts counts nothing), then shown.
-export function peek(api, site, busuanzi) {
-  try {
-    fetch(api + '/api/v1/counts?site=' + encodeURIComponent(site) + '&page=' + encodeURIComponent(location.pathname), { credentials: 'omit' })
-      .then((r) => r.ok && r.json())
-      .then((counts) => counts && show(counts, busuanzi), () => {});
+    site
+      ? fetch(a + '/api/v1/counts?site=' + encodeURIComponent(site) + '&page=' + encodeURIComponent(location.pathname), { credentials: 'omit' })
+        .then((r) => r.ok && r.json())
+        .then((c) => c && show(c, busuanzi), () => {})
+      : show(JSON.parse(a).counts, busuanzi);
   } catch (e) {}
 }
 
@@ -160,7 +168,8 @@ function show(counts, busuanzi) {
   if (counts) document.readyState == 'loading' ? document.addEventListener('DOMContentLoaded', put) : put();
 }
 
-// Reports page hides (Op.Hide) and, when `spa`, history changes (Op.Push, Op.Replace, Op.Pop).
+// Reports page hides (Op.Hide), focus and visibility changes (Op.Attention), scrolling (kept in
+// `deepest`) and, when `spa`, history changes (Op.Push, Op.Replace, Op.Pop).
 function listen(spa) {
   if (spa) {
     [['pushState', Op.Push], ['replaceState', Op.Replace]].forEach(([method, op]) => {
@@ -174,5 +183,9 @@ function listen(spa) {
     addEventListener('popstate', () => callModule(Op.Pop));
   }
   addEventListener('pagehide', () => callModule(Op.Hide));
-  document.addEventListener('visibilitychange', () => document.visibilityState == 'hidden' && callModule(Op.Hide));
+  document.addEventListener('visibilitychange', () => callModule(document.hidden ? Op.Hide : Op.Attention));
+  addEventListener('focus', () => callModule(Op.Attention));
+  addEventListener('blur', () => callModule(Op.Attention));
+  // A scroll event cannot be cancelled: it needs no `passive`.
+  addEventListener('scroll', () => (deepest = depth()));
 }

@@ -54,13 +54,12 @@
     });
     const link = /#tally-(un)?ignore$/.exec(location.href);
     if (link) ignore(!link[1]);
-    // tally(kind, value, {dedupe}) as Op.Command.
+    // tally(kind, value, {dedupe}) as Op.Command. The glue's run makes each string argument
+    // text as Array.prototype.join does: null and undefined become '', anything else String(x).
     function command(args) {
       const value = args[1];
-      const dedupe = args[2] && args[2].dedupe;
       try {
-        glue.run(Op.Command, value ? 1 : 0, 0, args[0] + '', value == null ? '' : value + '',
-          dedupe == null ? '' : dedupe + '');
+        glue.run(Op.Command, value ? 1 : 0, 0, args[0], value, args[2] && args[2].dedupe);
       } catch (e) {}
     }
     tally.q = queue;
@@ -85,7 +84,7 @@
           ('busuanzi' in options) * Flag.Busuanzi | (options.auto == 'false') * Flag.Manual |
           (options.spa == 'false') * Flag.NoSpa | !!ignored * Flag.Ignored;
         module.run(Op.Start, flags, 0, options.site || location.hostname,
-          (options.api || new URL(src).origin).replace(/\/+$/, ''), '');
+          (options.api || new URL(src).origin).replace(/\/+$/, ''));
         glue = module;
         queue.splice(0).forEach(command);
       });

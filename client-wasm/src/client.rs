@@ -36,12 +36,29 @@
 //!   the choice in `localStorage` and reads `#tally-ignore` / `#tally-unignore`): while set,
 //!   nothing is recorded or sent, and the queue is emptied when it is set; counters are still
 //!   shown (read, not counted).
+//! - Page views carry the screen width ([`Host::screen_width`]) when the browser knows it.
+//! - Engagement (docs/behaviour.md §3): for the page view last recorded, the client adds up
+//!   the time the page was visible and focused ([`Host::engaged`], asked at the page view and
+//!   on every focus or visibility change, [`Client::attention`]) and reads the largest scroll
+//!   depth ([`Host::scroll`]). When the visitor leaves for now (blur, hidden), the page is
+//!   closed ([`Client::hide`]) or an SPA navigation counts the next page view, it queues an
+//!   engagement report (`tally_wire::TYPE_ENGAGEMENT`: the page view's event id, visitor id
+//!   and URL) if there is something new to say ([`REPORT_STEP_MS`] more engaged time, or a
+//!   deeper scroll). Its numbers are totals, never increments, so a resend never adds.
+//! - A report is queued under its page view's event id, like the page view: entries that
+//!   share an event id go one at a time, in queue order (only the first of them is sent or
+//!   beaconed in a pass; an answer settles the first entry with its id). So a page view is
+//!   delivered before its reports, an answer or a fetch in flight never settles a report for
+//!   its page view (or a newer report for an older one), and an unsent page view beaconed
+//!   while hiding goes just before its report. An ignored browser, and a page view that was
+//!   not recorded, report nothing; withdrawn consent ends the reports of the current page
+//!   view (they would carry the visitor id the page view was sent with).
 
 use crate::json::{self, HitFields};
 use crate::ops::Flag;
 use crate::queue::{self, Head};
 use crate::{ids, retry};
-use tally_wire::{MAX_HIT_BYTES, TYPE_EVENT, TYPE_PAGEVIEW};
+use tally_wire::{MAX_HIT_BYTES, TYPE_ENGAGEMENT, TYPE_EVENT, TYPE_PAGEVIEW};
 
 /// Storage key of the visitor id.
 pub const VISITOR_KEY: &str = "tally:vid";
@@ -55,6 +72,11 @@ pub const CONSENT_KEY: &str = "tally:consent";
 pub const LEASE_MS: u64 = 15_000;
 /// Longest page URL sent whole; longer ones lose their query and fragment.
 const MAX_URL_CHARS: usize = 2_048;
+/// The engaged time a page view must gain since its last report for a new one (unless its
+/// scroll depth grew).
+pub const REPORT_STEP_MS: u64 = 1_000;
+/// Length of an event id (a UUID's text).
+const EVENT_ID_LEN: usize = 36;
 
 /// The status [`Host::send`] reports when the request failed without an HTTP answer.
 pub const STATUS_NETWORK_ERROR: u16 = 0;
@@ -112,9 +134,20 @@ pub trait Host {
     /// Reads `GET {api}/api/v1/counts?site=&page=<the current path>` (counting nothing) and
     /// fills the in-page counters from it, as [`Host::fill`] does.
     fn peek(&mut self, api: &str, site: &str, busuanzi: bool);
-    /// Starts reporting page hides (`Client::hide`) and, if `spa`, history changes
-    /// (`Client::navigate`).
+    /// Starts reporting page hides (`Client::hide`), focus and visibility changes
+    /// (`Client::attention`) and, if `spa`, history changes (`Client::navigate`).
     fn listen(&mut self, spa: bool);
+    /// Whether the page is visible (`document.visibilityState`) and focused
+    /// (`document.hasFocus()`) now.
+    fn engaged(&self) -> bool;
+    /// The largest scroll depth seen since the last reset, the current one included: percent
+    /// of the document seen, `(scrollY + innerHeight) / scrollHeight`, at most 100 (a page that
+    /// fits the window is 100). `reset` starts again from 0 (a new page view).
+    fn scroll(&mut self, reset: bool) -> u8;
+    /// `screen.width` in CSS pixels, 0 when unknown.
+    fn screen_width(&self) -> u32;
+    /// `s` as a JSON string literal (`JSON.stringify`).
+    fn quote(&self, s: &str) -> String;
 }
 
 /// The `data-*` options of the script tag, as the loader passes them.
@@ -235,6 +268,22 @@ pub struct Client<H> {
     page: String,
     /// When the earliest pending [`Host::schedule`] fires (0: none pending).
     timer_at: u64,
+    /// Event id of the last page view recorded: the queue key of its engagement reports.
+    view: String,
+    /// When that page view was made (Unix ms): its reports expire with it.
+    born: u64,
+    /// Its engagement report without the numbers ([`json::open`]); empty when it reports
+    /// nothing (not recorded, ignored, consent withdrawn).
+    report: String,
+    /// Its visible and focused time so far, ms, the current stretch not included.
+    engaged_ms: u64,
+    /// When the current visible and focused stretch began (0: the page is not engaged).
+    since: u64,
+    /// The engaged ms and scroll depth of its last report (0 and 0 before the first).
+    told_ms: u64,
+    told_scroll: u8,
+    /// A report of the current page view is being queued: older ones leave ([`Client::pass`]).
+    replacing: bool,
 }
 
 impl<H: Host> Client<H> {
@@ -250,6 +299,14 @@ impl<H: Host> Client<H> {
             counts_for: String::new(),
             page: String::new(),
             timer_at: 0,
+            view: String::new(),
+            born: 0,
+            report: String::new(),
+            engaged_ms: 0,
+            since: 0,
+            told_ms: 0,
+            told_scroll: 0,
+            replacing: false,
         };
         if client.opts.consent && client.consented() {
             client.opts.storage = true;
@@ -331,6 +388,8 @@ impl<H: Host> Client<H> {
             self.store = Store::Memory;
             self.visitor.clear();
             self.memory = queued;
+            // Its reports would carry the visitor id the page view was sent with.
+            self.report.clear();
         }
     }
 
@@ -340,16 +399,30 @@ impl<H: Host> Client<H> {
         self.opts.ignored = on;
         if on {
             self.save_queue(String::new());
+            self.report.clear();
         }
     }
 
     /// A history change: counts a page view when the URL changed as [`Navigation`] says:
     /// its path for `replaceState`, else anything but its fragment. The browser's URL parser
     /// compares ([`Host::same_page`]).
+    /// The page view being left reports its engagement first.
     pub fn navigate(&mut self, how: Navigation) {
         if !self.host.same_page(&self.page, how == Navigation::Replace) {
+            self.engagement(false);
             let previous = std::mem::take(&mut self.page);
             self.page_view(previous);
+        }
+    }
+
+    /// The window gained or lost focus, or the page became visible: an engaged stretch
+    /// begins when the page is now visible and focused; when it is not, the visitor left for
+    /// now and the page view reports its engagement.
+    pub fn attention(&mut self) {
+        if !self.host.engaged() {
+            self.engagement(false);
+        } else if self.since == 0 {
+            self.since = self.host.now_ms();
         }
     }
 
@@ -364,8 +437,8 @@ impl<H: Host> Client<H> {
         } else {
             u64::MAX
         };
-        self.pass(String::new(), false, id, wait);
-        // Settled: its counts, if any, are no longer on their way (a refresh reads them).
+        // Settled: its counts, if any, are no longer on their way (a refresh reads them), and
+        // the engagement report that the pass below may send next does not ask for them.
         if !retry && self.counts_for == id {
             self.counts_for.clear();
             if (200..300).contains(&status)
@@ -374,6 +447,7 @@ impl<H: Host> Client<H> {
                 self.host.fill(body, self.opts.busuanzi);
             }
         }
+        self.pass(String::new(), false, id, wait);
     }
 
     /// A timer set through [`Host::schedule`] fired: sends what is due.
@@ -382,11 +456,12 @@ impl<H: Host> Client<H> {
         self.pass(String::new(), false, "", 0);
     }
 
-    /// The page is being hidden or closed: hands every due, unsent hit to `sendBeacon`, the
-    /// one way a request survives the page. The hits stay queued (a beacon has no answer)
-    /// with a backoff, so a later page confirms them; the collector dedupes the repeat.
+    /// The page is being hidden or closed: the page view reports its engagement, then every
+    /// due, unsent hit goes to `sendBeacon`, the one way a request survives the page. The
+    /// hits stay queued (a beacon has no answer) with a backoff, so a later page confirms
+    /// them; the collector dedupes the repeat.
     pub fn hide(&mut self) {
-        self.pass(String::new(), true, "", 0);
+        self.engagement(true);
     }
 
     /// Picks the storage area and restores or creates the visitor id there.
@@ -452,17 +527,23 @@ impl<H: Host> Client<H> {
     /// ignored browser counts nothing and reads the counts instead.
     fn page_view(&mut self, referrer: String) {
         let url = self.host.href();
-        self.page = url.clone();
         // Counters now show this page: an earlier page view's answer no longer fills them.
         self.counts_for.clear();
+        // Engagement starts again (the page view left has reported: `navigate`).
+        self.report.clear();
+        self.engaged_ms = 0;
+        self.told_ms = 0;
+        self.told_scroll = 0;
         if self.opts.ignored {
             self.refresh();
-            return;
+        } else {
+            let counts = self.host.wants_counts(self.opts.busuanzi);
+            self.record(TYPE_PAGEVIEW, &url, &referrer, None, None, counts);
         }
-        let counts = self.host.wants_counts(self.opts.busuanzi);
-        self.record(TYPE_PAGEVIEW, &url, &referrer, None, None, counts);
+        self.page = url;
     }
 
+    /// Queues and sends a hit; a page view's also starts its engagement measurement.
     fn record(
         &mut self,
         kind: &str,
@@ -480,7 +561,14 @@ impl<H: Host> Client<H> {
         self.host.random(&mut random);
         let id = ids::event_id(now, random);
         let referrer = clip(referrer);
-        let body = json::hit(&HitFields {
+        // A page view is the one hit without a name (cheaper than comparing `kind`).
+        let page_view = name.is_none();
+        let width = if page_view {
+            self.host.screen_width()
+        } else {
+            0
+        };
+        let mut fields = HitFields {
             site: &self.opts.site,
             kind,
             event_id: &id,
@@ -489,31 +577,85 @@ impl<H: Host> Client<H> {
             referrer: (!referrer.is_empty()).then_some(referrer),
             name,
             dedupe,
-        });
+            screen_width: (width > 0).then_some(width),
+        };
+        let body = json::hit(&fields, &|s| self.host.quote(s));
         if body.len() > MAX_HIT_BYTES {
             return; // the collector would refuse it (413); retrying cannot help
+        }
+        if page_view {
+            // Its engagement reports: the same event id, visitor id and URL.
+            fields.kind = TYPE_ENGAGEMENT;
+            fields.referrer = None;
+            fields.screen_width = None;
+            self.report = json::open(&fields, &|s| self.host.quote(s));
+            self.view = id.clone();
+            self.born = now;
+            self.since = if self.host.engaged() { now } else { 0 };
+            self.host.scroll(true);
         }
         if counts {
             self.counts_for = id.clone();
         }
-        // Due now: the pass below sends it (after anything older that is due).
-        let head = Head {
-            due: now,
-            attempts: 0,
-            born: now,
-        };
-        let mut queued = self.load_queue();
-        queue::line(&mut queued, head, &id, &body);
-        self.pass(queued, false, "", 0);
+        self.enqueue(now, &id, &body, false);
     }
 
-    /// One pass over the queue (`text`, or the stored one when empty): the entry with event id
-    /// `settled` (if any) leaves when `wait` is `u64::MAX`, else it counts a failed try and
-    /// waits its backoff, at least `wait` ms; then every due entry is sent (and leased for
-    /// [`LEASE_MS`]: not due again while its answer is awaited, here or in another tab) or,
-    /// when `hiding`, beaconed (an unconfirmed try, backed off); the queue is saved and the
-    /// timer set for the next due entry.
-    fn pass(&mut self, text: String, hiding: bool, settled: &str, wait: u64) {
+    /// Ends the current engaged stretch and, when the page view has something new to say
+    /// ([`REPORT_STEP_MS`] more engaged time than its last report, or a deeper scroll),
+    /// queues its engagement report; then one pass, beaconing when `hiding`.
+    fn engagement(&mut self, hiding: bool) {
+        let now = self.host.now_ms();
+        // No cap at `tally_wire::MAX_ENGAGED_MS` (30 days) is needed: engaged time never
+        // exceeds the page view's age, and a report expires with the page view's event id
+        // (71 h, `queue::MAX_AGE_MS`).
+        if self.since != 0 {
+            self.engaged_ms += now.saturating_sub(self.since);
+            self.since = 0;
+        }
+        if !self.report.is_empty() {
+            let ms = self.engaged_ms;
+            let scroll = self.host.scroll(false).min(100);
+            if ms >= self.told_ms + REPORT_STEP_MS || scroll > self.told_scroll {
+                self.told_ms = ms;
+                self.told_scroll = scroll;
+                let body = json::engagement(&self.report, ms, scroll);
+                // Born with its page view: it expires with the page view's event id.
+                let view = self.view.clone();
+                self.replacing = true;
+                self.enqueue(self.born, &view, &body, hiding);
+                self.replacing = false;
+                return;
+            }
+        }
+        self.pass(String::new(), hiding, "", 0);
+    }
+
+    /// Appends a hit made at `born`, due at once, to the queue under `key` (its event id) and
+    /// passes over the queue: it is sent after anything older that is due.
+    fn enqueue(&mut self, born: u64, key: &str, body: &str, hiding: bool) {
+        let head = Head {
+            due: 0,
+            attempts: 0,
+            born,
+        };
+        let mut queued = self.load_queue();
+        queue::line(&mut queued, head, key, body);
+        self.pass(queued, hiding, "", 0);
+    }
+
+    /// One pass over the queue (`text`, or the stored one when empty). Entries that share an
+    /// event id (a page view and its engagement reports) go one at a time, in queue order:
+    /// only the first of them kept (and not beaconed) in this pass is sent, and an answer
+    /// settles the first entry with its id. The entry `settled` (if any) leaves when `wait`
+    /// is `u64::MAX`, else it counts a failed try and waits its backoff, at least `wait` ms.
+    /// While `replacing` (a report of the current page view is being queued), its reports that
+    /// were tried before (`due` is not 0) and are not on their way leave: the one just queued
+    /// says more (a beaconed one is unconfirmed, and would otherwise hold it back while the
+    /// page closes). Then every due
+    /// entry is sent (and leased for [`LEASE_MS`]: not due again while its answer is awaited,
+    /// here or in another tab) or, when `hiding`, beaconed (an unconfirmed try, backed off);
+    /// the queue is saved and the timer set for the next due entry.
+    fn pass(&mut self, text: String, hiding: bool, mut settled: &str, wait: u64) {
         let now = self.host.now_ms();
         let text = if text.is_empty() {
             self.load_queue()
@@ -521,18 +663,32 @@ impl<H: Host> Client<H> {
             text
         };
         let mut next = u64::MAX;
+        // The event ids of the entries kept so far in this pass, but beaconed ones.
+        let mut ahead: Vec<u8> = Vec::new();
         let text = queue::edit(&text, now, |h, id, body| {
             if id == settled {
+                settled = "";
                 if wait == u64::MAX {
                     return false;
                 }
                 h.attempts = h.attempts.saturating_add(1);
                 h.due = now + retry::next_delay_ms(h.attempts, random_u32(&self.host), wait);
             }
-            if self.host.awaiting(id) {
-                return true;
+            let busy = self.host.awaiting(id);
+            // Reports of the current page view begin with its report's fixed part.
+            if self.replacing
+                && !busy
+                && h.due != 0
+                && body.as_bytes().starts_with(self.report.as_bytes())
+            {
+                return false;
             }
-            if h.due <= now {
+            let key = id.as_bytes();
+            if holds(&ahead, key) {
+                return true; // after the entry with its id, whose answer passes again
+            }
+            let mut beaconed = false;
+            if !busy && h.due <= now {
                 let api = &self.opts.api;
                 if !hiding {
                     let counts = self.counts_for == id;
@@ -541,9 +697,15 @@ impl<H: Host> Client<H> {
                 } else if self.host.beacon(api, body) {
                     h.attempts = h.attempts.saturating_add(1);
                     h.due = now + retry::backoff_ms(h.attempts, random_u32(&self.host));
+                    beaconed = true;
                 }
             }
-            next = next.min(h.due);
+            if !beaconed {
+                ahead.extend_from_slice(key);
+            }
+            if !busy {
+                next = next.min(h.due);
+            }
             true
         });
         self.save_queue(text);
@@ -554,10 +716,11 @@ impl<H: Host> Client<H> {
         }
     }
 
-    fn load_queue(&self) -> String {
+    /// The queue's text; in memory, taken: every caller hands it back to `save_queue`.
+    fn load_queue(&mut self) -> String {
         match self.store {
             Store::Area(area) => self.host.load(area, QUEUE_KEY),
-            Store::Memory => self.memory.clone(),
+            Store::Memory => std::mem::take(&mut self.memory),
         }
     }
 
@@ -573,6 +736,20 @@ impl<H: Host> Client<H> {
     }
 }
 
+/// Whether `list`, event ids written one after another, holds `id`. (Only a corrupted queue
+/// has a key of another length; it shifts the ids after it, which can then be missed, not
+/// falsely matched: a window across two random ids is no id.)
+fn holds(list: &[u8], id: &[u8]) -> bool {
+    let mut i = 0;
+    while i + EVENT_ID_LEN <= list.len() {
+        if list[i..i + EVENT_ID_LEN] == *id {
+            return true;
+        }
+        i += EVENT_ID_LEN;
+    }
+    false
+}
+
 /// Four random bytes as a number (backoff jitter).
 fn random_u32(host: &impl Host) -> u32 {
     let mut b = [0u8; 4];
@@ -582,17 +759,11 @@ fn random_u32(host: &impl Host) -> u32 {
 
 /// Cuts the query and fragment off an over-long URL (the page key is the path anyway).
 fn clip(url: &str) -> &str {
-    let b = url.as_bytes();
-    if b.len() <= MAX_URL_CHARS {
+    if url.len() <= MAX_URL_CHARS {
         return url;
     }
-    // An index loop: iterator adapters cost several times more WebAssembly here.
-    let mut i = 0;
-    while i < b.len() && b[i] != b'?' && b[i] != b'#' {
-        i += 1;
-    }
-    // Cut at an ASCII byte: a char boundary.
-    url.get(..i).unwrap_or(url)
+    // The splitter the queue has anyway: before the first `?`, then before the first `#`.
+    queue::cut(queue::cut(url, b'?').0, b'#').0
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ fn hyphenated(mut b: [u8; 16], version: u8) -> String {
     b[6] = b[6] & 0x0f | version;
     b[8] = b[8] & 0x3f | 0x80;
     // Index loops: iterator adapters cost several times more WebAssembly here.
-    let mut out = String::with_capacity(36);
+    let mut out = String::new();
     let mut i = 0;
     while i < 16 {
         if i == 4 || i == 6 || i == 8 || i == 10 {
@@ -55,18 +55,20 @@ fn hyphenated(mut b: [u8; 16], version: u8) -> String {
 /// visitor id must pass before it is reused. Anything else is replaced by a fresh id.
 pub fn is_uuid(s: &str) -> bool {
     let b = s.as_bytes();
-    if b.len() != 36 {
-        return false;
-    }
     let mut i = 0;
-    while i < 36 {
-        let dash = i == 8 || i == 13 || i == 18 || i == 23;
-        if dash != (b[i] == b'-') || !dash && !b[i].is_ascii_hexdigit() {
+    while i < b.len() {
+        let c = b[i];
+        let ok = if matches!(i, 8 | 13 | 18 | 23) {
+            c == b'-'
+        } else {
+            c.is_ascii_hexdigit()
+        };
+        if !ok {
             return false;
         }
         i += 1;
     }
-    true
+    i == 36
 }
 
 #[cfg(test)]

@@ -3,20 +3,24 @@
 //! Contract:
 //! - [`hit`] writes the fields of a `tally_wire::Hit` as compact JSON with the wire type's
 //!   serde derive as the one definition of the format: the same field names in the same
-//!   order, `null` for an absent `visitor_id` or `referrer`, no `name` or `dedupe` when absent.
-//!   Strings are copied as they are (non-ASCII as UTF-8) but for `"`, `\` and the control
-//!   characters below U+0020, each written as `\u00XX`: valid JSON that `serde_json` reads
-//!   back to the same hit, and otherwise byte for byte what `serde_json::to_string` writes
-//!   (the tests hold it to both). Nothing here panics.
+//!   order, `null` for an absent `visitor_id` or `referrer`, no `name`, `dedupe` or
+//!   `screen_width` when absent. An engagement report is [`open`] (the hit without its
+//!   closing brace, written once per page view) completed by [`engagement`] with its two
+//!   numbers, `engaged_ms` and `scroll`, each time it is made.
+//! - The free-form strings (`site`, `url`, `referrer`, `name`, `dedupe`) are quoted by the
+//!   caller's `quote`: in the browser `JSON.stringify` (through `js/host.js`), whose escapes
+//!   are exactly serde_json's (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, else `\u00xx` below
+//!   U+0020; nothing else escaped), so the output is byte for byte what
+//!   `serde_json::to_string` writes for the same hit (the tests hold it to that with
+//!   serde_json as `quote`). `type` and the ids are written as they are: a constant, and
+//!   UUIDs the client made or checked (`ids`). Nothing here panics.
 //! - The client reads no JSON: the one answer it looks into (the counts for in-page
 //!   counters) is handed to the browser's own `JSON.parse` in `js/host.js`.
 //!
 //! Why by hand: `serde_json` adds ~36 KB to the WebAssembly module, more than four times the
 //! whole size budget; a minimal serde `Serializer` of our own still cost 297 B gzip more than
-//! this writer over borrowed strings, and the short escapes (`\n`, `\"`, ...) 106 B more than
-//! one escape form (see ARCHITECTURE.md, "Size").
-
-use crate::ids::HEX;
+//! this writer over borrowed strings, and escaping here rather than in the browser 28 B more
+//! (see ARCHITECTURE.md, "Size").
 
 /// The fields of one hit, borrowed from wherever the client keeps them: `tally_wire::Hit`
 /// without the copies (its field names, its meaning).
@@ -24,7 +28,7 @@ use crate::ids::HEX;
 pub struct HitFields<'a> {
     /// `site`: the site id.
     pub site: &'a str,
-    /// `type`: `pageview` or `event`.
+    /// `type`: `pageview`, `event` or `engagement`.
     pub kind: &'a str,
     /// `event_id`: the hit's UUIDv7.
     pub event_id: &'a str,
@@ -38,41 +42,67 @@ pub struct HitFields<'a> {
     pub name: Option<&'a str>,
     /// `dedupe`: an event's dedupe key, left out when absent.
     pub dedupe: Option<&'a str>,
+    /// `screen_width`: a page view's screen width in CSS pixels, left out when absent.
+    pub screen_width: Option<u32>,
 }
 
 /// Writes a hit as compact JSON, field by field in the order of `tally_wire::Hit`'s serde
 /// derive.
-pub fn hit(hit: &HitFields) -> String {
-    let mut out = String::from("{\"site\":");
-    push_str(&mut out, hit.site);
-    out.push_str(",\"type\":");
-    push_str(&mut out, hit.kind);
-    out.push_str(",\"event_id\":");
-    push_str(&mut out, hit.event_id);
-    out.push_str(",\"visitor_id\":");
-    push_opt(&mut out, hit.visitor_id);
-    out.push_str(",\"url\":");
-    push_str(&mut out, hit.url);
-    out.push_str(",\"referrer\":");
-    push_opt(&mut out, hit.referrer);
-    if let Some(name) = hit.name {
-        out.push_str(",\"name\":");
-        push_str(&mut out, name);
-    }
-    if let Some(dedupe) = hit.dedupe {
-        out.push_str(",\"dedupe\":");
-        push_str(&mut out, dedupe);
-    }
+pub fn hit(hit: &HitFields, quote: &impl Fn(&str) -> String) -> String {
+    let mut out = open(hit, quote);
     out.push('}');
     out
 }
 
-/// Appends `s` as a JSON string literal, or `null`.
-fn push_opt(out: &mut String, s: Option<&str>) {
-    match s {
-        Some(s) => push_str(out, s),
+/// Completes an engagement report begun by [`open`]: its `engaged_ms` and `scroll`, the
+/// last two fields of `tally_wire::Hit`, and the closing brace.
+pub fn engagement(open: &str, engaged_ms: u64, scroll: u8) -> String {
+    let mut out = String::from(open);
+    out.push_str(",\"engaged_ms\":");
+    push_u64(&mut out, engaged_ms);
+    out.push_str(",\"scroll\":");
+    push_u64(&mut out, u64::from(scroll));
+    out.push('}');
+    out
+}
+
+/// [`hit`] without its closing brace, for fields that follow (an engagement report's).
+pub fn open(hit: &HitFields, quote: &impl Fn(&str) -> String) -> String {
+    let mut out = String::from("{\"site\":");
+    out.push_str(&quote(hit.site));
+    out.push_str(",\"type\":\"");
+    out.push_str(hit.kind);
+    out.push_str("\",\"event_id\":\"");
+    out.push_str(hit.event_id);
+    out.push_str("\",\"visitor_id\":");
+    match hit.visitor_id {
+        Some(id) => {
+            out.push('"');
+            out.push_str(id);
+            out.push('"');
+        }
         None => out.push_str("null"),
     }
+    out.push_str(",\"url\":");
+    out.push_str(&quote(hit.url));
+    out.push_str(",\"referrer\":");
+    match hit.referrer {
+        Some(r) => out.push_str(&quote(r)),
+        None => out.push_str("null"),
+    }
+    if let Some(name) = hit.name {
+        out.push_str(",\"name\":");
+        out.push_str(&quote(name));
+    }
+    if let Some(dedupe) = hit.dedupe {
+        out.push_str(",\"dedupe\":");
+        out.push_str(&quote(dedupe));
+    }
+    if let Some(width) = hit.screen_width {
+        out.push_str(",\"screen_width\":");
+        push_u64(&mut out, u64::from(width));
+    }
+    out
 }
 
 /// Appends the decimal form of `n` (no `format!`: it would pull in `core::fmt`'s integer code).
@@ -94,29 +124,6 @@ pub fn push_u64(out: &mut String, mut n: u64) {
     }
 }
 
-/// Appends `s` as a JSON string literal, quotes included: `"`, `\` and the control
-/// characters as `\u00XX`, everything else as it is.
-pub fn push_str(out: &mut String, s: &str) {
-    out.push('"');
-    // Byte by byte: only ASCII bytes are ever escaped, so every cut below is at a char
-    // boundary and the runs in between (UTF-8 included) are copied as they are.
-    let b = s.as_bytes();
-    let (mut run, mut i) = (0, 0);
-    while i < b.len() {
-        let c = b[i];
-        if c < 32 || c == b'"' || c == b'\\' {
-            out.push_str(&s[run..i]);
-            out.push_str("\\u00");
-            out.push(char::from(HEX[usize::from(c >> 4)]));
-            out.push(char::from(HEX[usize::from(c & 15)]));
-            run = i + 1;
-        }
-        i += 1;
-    }
-    out.push_str(&s[run..]);
-    out.push('"');
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,7 +140,7 @@ mod tests {
             referrer,
             name,
             dedupe,
-            screen_width: _,
+            screen_width,
             engaged_ms: _,
             scroll: _,
         } = h;
@@ -146,6 +153,20 @@ mod tests {
             referrer: referrer.as_deref(),
             name: name.as_deref(),
             dedupe: dedupe.as_deref(),
+            screen_width: *screen_width,
+        }
+    }
+
+    /// The browser's `JSON.stringify` of a string, as serde_json writes it.
+    fn quote(s: &str) -> String {
+        serde_json::to_string(s).expect("a string serialises")
+    }
+
+    /// What the client sends for a wire hit: an engagement report is opened and completed.
+    fn written(h: &Hit) -> String {
+        match (h.engaged_ms, h.scroll) {
+            (Some(ms), Some(scroll)) => engagement(&open(&fields(h), &quote), ms, scroll),
+            _ => hit(&fields(h), &quote),
         }
     }
 
@@ -168,51 +189,87 @@ mod tests {
     #[test]
     fn hit_is_written_as_the_wire_format_says() {
         assert_eq!(
-            hit(&fields(&page_view())),
-            "{\"site\":\"blog\",\"type\":\"pageview\",\"event_id\":\"0190b2a0-0000-7000-8000-000000000000\",\"visitor_id\":null,\"url\":\"https://a.example/p?q=\\u0022x\\u0022\\u000a\\u001f\\u005c\u{7f}\",\"referrer\":\"https://b.example/é😀\"}"
+            hit(&fields(&page_view()), &quote),
+            "{\"site\":\"blog\",\"type\":\"pageview\",\"event_id\":\"0190b2a0-0000-7000-8000-000000000000\",\"visitor_id\":null,\"url\":\"https://a.example/p?q=\\\"x\\\"\\n\\u001f\\\\\u{7f}\",\"referrer\":\"https://b.example/é😀\"}"
+        );
+    }
+
+    #[test]
+    fn only_the_free_form_strings_go_through_quote() {
+        let quoted = std::cell::RefCell::new(Vec::new());
+        let h = Hit {
+            visitor_id: Some("3f0c9a52-8f5e-4b4a-9d61-0c2a7d1e5b8f".into()),
+            name: Some("n".into()),
+            dedupe: Some("d".into()),
+            ..page_view()
+        };
+        let spy = |s: &str| {
+            quoted.borrow_mut().push(s.to_owned());
+            quote(s)
+        };
+        hit(&fields(&h), &spy);
+        assert_eq!(
+            quoted.into_inner(),
+            ["blog", &h.url, "https://b.example/é😀", "n", "d"].map(String::from)
         );
     }
 
     #[test]
     fn output_is_what_serde_json_writes_and_reads_for_every_hit_shape() {
-        // Without characters to escape, byte for byte serde_json's output; with them, JSON that
-        // serde_json reads back to the same hit.
+        // Byte for byte serde_json's output, escapes included, and it reads back to the hit.
         let plain = ["", "v", "é😀\u{7f}/<>'&%20"];
         let escaped = ["sign\u{1}up\\\t\r\u{8}\u{c}\"é😀\u{7f}", "\"\"\\\n"];
-        for bits in 0..16 {
+        for bits in 0..64 {
             for text in plain.into_iter().chain(escaped) {
                 let some = |bit: u32| (bits & bit != 0).then(|| text.to_owned());
+                let visitor = "3f0c9a52-8f5e-4b4a-9d61-0c2a7d1e5b8f";
+                let engaged = bits & 32 != 0;
                 let h = Hit {
-                    kind: if bits & 4 != 0 { "event" } else { "pageview" }.into(),
-                    visitor_id: some(1),
+                    kind: if engaged {
+                        "engagement"
+                    } else if bits & 4 != 0 {
+                        "event"
+                    } else {
+                        "pageview"
+                    }
+                    .into(),
+                    visitor_id: (bits & 1 != 0).then(|| visitor.to_owned()),
                     referrer: some(2),
                     name: some(4),
                     dedupe: some(8),
+                    screen_width: (bits & 16 != 0).then_some(1_440),
+                    engaged_ms: engaged.then_some(tally_wire::MAX_ENGAGED_MS),
+                    scroll: engaged.then_some(100),
                     url: format!("https://a.example/{text}"),
                     ..page_view()
                 };
-                let ours = hit(&fields(&h));
-                if plain.contains(&text) {
-                    assert_eq!(ours, serde_json::to_string(&h).expect("serde_json"));
-                }
+                let ours = written(&h);
+                assert_eq!(ours, serde_json::to_string(&h).expect("serde_json"));
                 assert_eq!(serde_json::from_str::<Hit>(&ours).expect("reads back"), h);
             }
         }
     }
 
     #[test]
-    fn escapes_quote_backslash_and_control_characters_only() {
-        for c in (0..=0x7f_u8).map(char::from).chain(['é', '😀', '\u{2028}']) {
-            let mut out = String::new();
-            push_str(&mut out, &c.to_string());
-            if c < ' ' || c == '"' || c == '\\' {
-                assert_eq!(out, format!("\"\\u{:04x}\"", c as u32));
-            } else {
-                assert_eq!(out, format!("\"{c}\""));
-            }
-            let back: String = serde_json::from_str(&out).expect("valid JSON");
-            assert_eq!(back, c.to_string());
-        }
+    fn page_views_carry_the_screen_width_and_reports_their_numbers_last() {
+        let view = Hit {
+            screen_width: Some(390),
+            ..page_view()
+        };
+        assert!(hit(&fields(&view), &quote).ends_with(",\"screen_width\":390}"));
+        let report = Hit {
+            kind: tally_wire::TYPE_ENGAGEMENT.into(),
+            referrer: None,
+            engaged_ms: Some(12_345),
+            scroll: Some(0),
+            ..page_view()
+        };
+        let body = written(&report);
+        assert!(body.ends_with(",\"referrer\":null,\"engaged_ms\":12345,\"scroll\":0}"));
+        assert_eq!(
+            serde_json::from_str::<Hit>(&body).expect("reads back"),
+            report
+        );
     }
 
     #[test]

@@ -8,6 +8,11 @@
 //!   arguments an operation does not use are `0` / `''`, and an empty string is an absent
 //!   value ([`present`]). Unknown codes are ignored ([`Op::from_code`]). (A typed enum of
 //!   decoded calls read better but cost 186 B gzip of WebAssembly.)
+//! - The three strings cross into the module as one, `a`, `b` and `c` joined by [`SEP`]
+//!   (the glue's `run` joins, [`split`] parts them): one string passed costs 81 B gzip less
+//!   than three. Only `c` may hold the separator, so an operation's free-form text, which
+//!   could (an answer's body), is its `c`; a separator in `a` or `b` shifts what follows,
+//!   and every such value is invalid anyway (a site id, a command kind, an event name).
 //! - The host gives the module numbers through one import, `num(op, x)`: op is a [`Num`].
 //! - `scripts/assemble-snippet.mjs` reads the `#[repr(u32)]` enums of this file and replaces
 //!   every `Op.Name`, `Num.Name` and `Flag.Name` in the JS sources with its number before
@@ -25,13 +30,13 @@ pub enum Op {
     /// A `tally(kind, value, {dedupe})` call: `a` kind, `b` the value as text (an event's
     /// name), `s` 1 when the value is truthy (`tally('consent', true)`), `c` the dedupe key.
     Command = 1,
-    /// A fetch of a hit finished: `b` its event id, `s` the HTTP status (0 network error,
+    /// A fetch of a hit finished: `a` its event id, `s` the HTTP status (0 network error,
     /// 1 handed to `sendBeacon` instead: outcome unknown), `w` the `Retry-After` wait in ms
-    /// (NaN, negative or absent all mean 0), `a` the answer's body.
+    /// (NaN, negative or absent all mean 0), `c` the answer's body.
     Answer = 2,
     /// A timer set through [`Num::Later`] fired.
     Tick = 3,
-    /// The page is being hidden or unloaded.
+    /// The page is being hidden or unloaded (`visibilitychange` to hidden, `pagehide`).
     Hide = 4,
     /// `history.pushState` was called.
     Push = 5,
@@ -39,6 +44,9 @@ pub enum Op {
     Replace = 6,
     /// A `popstate` event (back / forward).
     Pop = 7,
+    /// The window gained or lost focus, or the page became visible: the module asks
+    /// [`Num::Engaged`] whether the visitor is engaged now.
+    Attention = 8,
 }
 
 /// What a call of the host import `num(op, x)` asks for.
@@ -51,8 +59,18 @@ pub enum Num {
     Later = 1,
     /// 1 when the page has, or may still get, counter elements (`x`: busuanzi ids too).
     Want = 2,
-    /// Start reporting page hides and, when `x` is 1, history changes.
+    /// Start reporting page hides, focus, visibility and, when `x` is 1, history changes.
     Listen = 3,
+    /// 1 when the page is visible (`document.visibilityState`) and focused
+    /// (`document.hasFocus()`), else 0 (`x` unused).
+    Engaged = 4,
+    /// The largest scroll depth, percent (0–100), seen since the last reset, including the
+    /// current one; `x` 1 resets it to 0 (a new page view) and returns 0.
+    Scroll = 5,
+    /// `screen.width` in CSS pixels, 0 when unknown (`x` unused).
+    Screen = 6,
+    /// A random byte from `crypto.getRandomValues` (`x` unused).
+    Random = 7,
 }
 
 /// Bits of `s` in [`Op::Start`]: the script tag's options.
@@ -83,7 +101,7 @@ impl Flag {
 
 impl Op {
     /// Every operation, in code order.
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 9] = [
         Op::Start,
         Op::Command,
         Op::Answer,
@@ -92,12 +110,35 @@ impl Op {
         Op::Push,
         Op::Replace,
         Op::Pop,
+        Op::Attention,
     ];
 
     /// The operation with this code.
     pub fn from_code(code: u32) -> Option<Op> {
-        Op::ALL.get(code as usize).copied()
+        // A match, not `ALL.get(code)`: no table in the module's data (26 B gzip).
+        Some(match code {
+            0 => Op::Start,
+            1 => Op::Command,
+            2 => Op::Answer,
+            3 => Op::Tick,
+            4 => Op::Hide,
+            5 => Op::Push,
+            6 => Op::Replace,
+            7 => Op::Pop,
+            8 => Op::Attention,
+            _ => return None,
+        })
     }
+}
+
+/// The separator of `run`'s three strings (`scripts/assemble-snippet.mjs` joins with it).
+pub const SEP: u8 = 0;
+
+/// `run`'s joined strings parted again: `a`, `b` and, whole, the rest `c` (absent ones empty).
+pub fn split(text: &str) -> (&str, &str, &str) {
+    let (a, rest) = crate::queue::cut(text, SEP);
+    let (b, c) = crate::queue::cut(rest, SEP);
+    (a, b, c)
 }
 
 /// An optional string argument of `run`: empty means absent.
@@ -134,6 +175,17 @@ mod tests {
             assert!(!f.is_in(seen));
             seen |= f as u32;
         }
+    }
+
+    #[test]
+    fn joined_strings_part_again_with_the_last_one_whole() {
+        assert_eq!(split("a\0b\0c"), ("a", "b", "c"));
+        assert_eq!(split("\0\0"), ("", "", ""));
+        assert_eq!(split(""), ("", "", ""));
+        assert_eq!(
+            split("id\0\0body\0with\0zeros"),
+            ("id", "", "body\0with\0zeros")
+        );
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!   `due attempts born event_id body`. The body is compact JSON (it never holds a raw
 //!   newline), so it is stored and resent byte for byte. New entries are appended ([`line`]),
 //!   so line order is queueing order. Malformed lines are skipped, never fatal: storage is
-//!   shared with other scripts and other tabs.
+//!   shared with other scripts and other tabs. Several entries may share an event id (a page
+//!   view and its engagement reports); the client sends them one at a time, in line order.
 //! - The queue is never decoded into owned entries: [`edit`] rewrites the text in one pass,
 //!   offering each entry's [`Head`] (the mutable numbers) with its id and body as slices of
 //!   the stored text. That one pass is how the client sends, settles, retries and beacons.
@@ -41,7 +42,8 @@ pub struct Head {
 pub struct Entry {
     /// Its numbers.
     pub head: Head,
-    /// The hit's event id: the queue's key, and the collector's dedupe key.
+    /// The hit's event id: the queue's key (shared by a page view and its engagement
+    /// reports), and the collector's dedupe key.
     pub id: String,
     /// The exact JSON body to send.
     pub body: String,
@@ -122,7 +124,7 @@ fn parse(l: &str) -> Option<(Head, &str, &str)> {
 
 /// Splits at the first `sep` (an ASCII byte, so the cut is on a char boundary); the whole
 /// string and `""` when there is none.
-fn cut(s: &str, sep: u8) -> (&str, &str) {
+pub fn cut(s: &str, sep: u8) -> (&str, &str) {
     // Index loops: iterator adapters cost several times more WebAssembly here.
     let b = s.as_bytes();
     let mut i = 0;

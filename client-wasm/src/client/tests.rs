@@ -33,6 +33,12 @@ struct Fake {
     /// (API, site, busuanzi) of each read of the counts.
     peeks: Vec<(String, String, bool)>,
     listening: Option<bool>,
+    /// Visible and focused.
+    engaged: bool,
+    /// The largest scroll depth since the last reset.
+    depth: u8,
+    /// `screen.width` (0: unknown).
+    screen: u32,
 }
 
 impl Host for Fake {
@@ -106,6 +112,21 @@ impl Host for Fake {
     }
     fn listen(&mut self, spa: bool) {
         self.listening = Some(spa);
+    }
+    fn engaged(&self) -> bool {
+        self.engaged
+    }
+    fn scroll(&mut self, reset: bool) -> u8 {
+        if reset {
+            self.depth = 0;
+        }
+        self.depth
+    }
+    fn screen_width(&self) -> u32 {
+        self.screen
+    }
+    fn quote(&self, s: &str) -> String {
+        serde_json::to_string(s).expect("a string serialises")
     }
 }
 
@@ -814,4 +835,486 @@ fn a_refused_page_view_leaves_refresh_to_read_the_counts() {
         "no answer is on its way any more"
     );
     assert!(w.client.host().fills.is_empty());
+}
+
+// --- Screen width and engagement (docs/behaviour.md §3) ---
+
+/// Starts on `href` with the page visible and focused, the screen `screen` px wide.
+fn engaged_world(href: &str, screen: u32) -> World {
+    let mut f = fake(href);
+    f.engaged = true;
+    f.screen = screen;
+    World::start(f, 0)
+}
+
+impl World {
+    /// The window loses focus (`blur`) or the page is shown again without it.
+    fn blur(&mut self) {
+        self.host().engaged = false;
+        self.client.attention();
+    }
+
+    /// The window gets focus back with the page visible.
+    fn focus(&mut self) {
+        self.host().engaged = true;
+        self.client.attention();
+    }
+
+    /// The page is hidden (`visibilitychange` to hidden, or `pagehide`).
+    fn hide(&mut self) {
+        self.host().engaged = false;
+        self.client.hide();
+    }
+
+    fn beacons(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.host().beacons)
+    }
+
+    /// Sends the page view, answers it, and returns its body.
+    fn settled_page_view(&mut self) -> String {
+        let (_, body, id) = self.sends().remove(0);
+        self.answer(&id, 200, 0, Some(r#"{"status":"accepted"}"#));
+        body
+    }
+}
+
+fn wire(body: &str) -> Hit {
+    serde_json::from_str(body).expect("the body is a wire hit")
+}
+
+#[test]
+fn page_views_carry_the_screen_width_and_nothing_else_does() {
+    let mut w = engaged_world("https://blog.example/", 390);
+    let view = wire(&w.sends().remove(0).1);
+    assert_eq!(view.screen_width, Some(390));
+    w.command("event", "signup", "");
+    assert_eq!(wire(&w.sends().remove(0).1).screen_width, None);
+
+    // Unknown (0): left out.
+    let mut w = engaged_world("https://blog.example/", 0);
+    assert!(!w.sends().remove(0).1.contains("screen_width"));
+}
+
+#[test]
+fn blur_reports_the_engaged_time_and_scroll_of_the_page_view() {
+    let mut w = engaged_world("https://blog.example/a?x=1", 1440);
+    let view = wire(&w.settled_page_view());
+    w.host().now += 4_200;
+    w.host().depth = 37;
+    w.blur();
+    let s = w.sends();
+    assert_eq!(s.len(), 1, "one report");
+    let (url, body, key) = &s[0];
+    assert!(!url.contains("counts"));
+    let report = wire(body);
+    assert_eq!(report.kind, tally_wire::TYPE_ENGAGEMENT);
+    assert_eq!(
+        report.event_id, view.event_id,
+        "the page view's own event id"
+    );
+    assert_eq!(key, &view.event_id, "queued under it");
+    assert_eq!(report.visitor_id, view.visitor_id);
+    assert_eq!(report.url, view.url);
+    assert_eq!(report.referrer, None);
+    assert_eq!(report.screen_width, None);
+    assert_eq!(report.engaged_ms, Some(4_200));
+    assert_eq!(report.scroll, Some(37));
+    assert_eq!(report.site, "blog");
+}
+
+#[test]
+fn engaged_time_is_a_total_of_visible_and_focused_stretches_only() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().now += 3_000;
+    w.blur();
+    let (_, body, id) = w.sends().remove(0);
+    assert_eq!(wire(&body).engaged_ms, Some(3_000));
+    w.answer(&id, 200, 0, None);
+    // Blurred for a minute: not engaged time.
+    w.host().now += 60_000;
+    w.focus();
+    w.host().now += 2_500;
+    w.hide();
+    let beacons = w.beacons();
+    let beaconed = &beacons.last().expect("a report beaconed").1;
+    assert_eq!(
+        wire(beaconed).engaged_ms,
+        Some(5_500),
+        "a total, never an increment"
+    );
+    // Hidden for an hour, then back and left at once: nothing new to say (what is sent is
+    // the beaconed report, confirmed now that its backoff is over).
+    w.host().now += 3_600_000;
+    w.focus();
+    w.host().now += 10;
+    w.blur();
+    let s = w.sends();
+    assert_eq!(s.len(), 1);
+    assert_eq!(&s[0].1, beaconed);
+}
+
+#[test]
+fn a_page_shown_without_focus_counts_no_engaged_time() {
+    let mut f = fake("https://blog.example/");
+    f.engaged = false; // opened in a background tab
+    let mut w = World::start(f, 0);
+    w.settled_page_view();
+    w.host().now += 30_000;
+    w.host().engaged = true;
+    w.client.attention(); // shown and focused
+    w.host().now += 1_500;
+    w.blur();
+    assert_eq!(wire(&w.sends().remove(0).1).engaged_ms, Some(1_500));
+}
+
+#[test]
+fn a_report_is_made_only_when_there_is_something_new_to_say() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().depth = 20;
+    w.host().now += 999;
+    w.blur();
+    let s = w.sends();
+    assert_eq!(s.len(), 1, "the first report: scroll grew from nothing");
+    w.answer(&s[0].2, 200, 0, None);
+    // Under a second more, the same depth: nothing.
+    w.focus();
+    w.host().now += 900;
+    w.blur();
+    assert!(w.sends().is_empty(), "less than a second more");
+    // Deeper: a report, whatever the time.
+    w.focus();
+    w.host().depth = 55;
+    w.blur();
+    let s = w.sends();
+    assert_eq!(wire(&s[0].1).scroll, Some(55));
+    assert_eq!(wire(&s[0].1).engaged_ms, Some(1_899));
+    w.answer(&s[0].2, 200, 0, None);
+    // A second more engaged time since the last report: a report.
+    w.focus();
+    w.host().now += 1_000;
+    w.blur();
+    assert_eq!(wire(&w.sends()[0].1).engaged_ms, Some(2_899));
+}
+
+#[test]
+fn scroll_is_capped_at_100() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().depth = 250;
+    w.blur();
+    assert_eq!(wire(&w.sends()[0].1).scroll, Some(100));
+}
+
+#[test]
+fn a_report_is_never_sent_past_its_page_views_event_id_window() {
+    // Engaged time never exceeds the page view's age, and the report leaves the queue with
+    // the page view's event id (so no report can reach tally_wire::MAX_ENGAGED_MS).
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().now += queue::MAX_AGE_MS;
+    w.blur();
+    assert!(w.sends().is_empty());
+    assert!(w.queue().is_empty());
+}
+
+#[test]
+fn hiding_beacons_the_report() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    let view = wire(&w.settled_page_view());
+    w.host().now += 8_000;
+    w.host().depth = 100;
+    w.hide();
+    assert!(w.sends().is_empty(), "no fetch while hiding");
+    let beacons = w.beacons();
+    assert_eq!(beacons.len(), 1);
+    assert_eq!(beacons[0].0, format!("{API}/api/v1/hit?t={}", T0 + 8_000));
+    let report = wire(&beacons[0].1);
+    assert_eq!(report.event_id, view.event_id);
+    assert_eq!((report.engaged_ms, report.scroll), (Some(8_000), Some(100)));
+    let q = w.queue();
+    assert_eq!(q.len(), 1, "kept: a beacon has no answer");
+    assert_eq!(q[0].body, beacons[0].1);
+    // pagehide right after visibilitychange: nothing new, the same entry is not beaconed
+    // again before its backoff.
+    w.hide();
+    assert!(w.beacons().is_empty());
+}
+
+#[test]
+fn a_failed_report_is_retried_byte_for_byte() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().now += 2_000;
+    w.blur();
+    let first = w.sends().remove(0);
+    w.answer(&first.2, 503, 0, None);
+    w.advance(retry::CAP_MS);
+    let again = w.sends();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].1, first.1, "the same body");
+    w.answer(&again[0].2, 200, 0, Some(r#"{"status":"duplicate"}"#));
+    assert!(w.queue().is_empty());
+}
+
+#[test]
+fn a_pending_page_view_and_its_report_are_both_delivered_in_that_order() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    let (_, view_body, id) = w.sends().remove(0);
+    w.answer(&id, 503, 60_000, None); // the page view waits a minute (Retry-After)
+    w.host().now += 3_000;
+    w.blur();
+    assert!(
+        w.sends().is_empty(),
+        "the report waits behind its page view, under the same event id"
+    );
+    let q = w.queue();
+    assert_eq!(q.len(), 2);
+    assert_eq!(
+        (q[0].id.as_str(), q[1].id.as_str()),
+        (id.as_str(), id.as_str())
+    );
+    assert_eq!(q[0].body, view_body);
+    w.advance(retry::CAP_MS);
+    let s = w.sends();
+    assert_eq!(
+        s.len(),
+        1,
+        "only the page view: one entry per event id at a time"
+    );
+    assert_eq!(s[0].1, view_body);
+    // Its answer settles the page view, not the report, which goes next.
+    w.answer(&id, 200, 0, Some(r#"{"status":"accepted"}"#));
+    let s = w.sends();
+    assert_eq!(s.len(), 1);
+    assert_eq!(wire(&s[0].1).kind, tally_wire::TYPE_ENGAGEMENT);
+    assert_eq!(w.queue().len(), 1, "the report is queued until answered");
+    w.answer(&id, 200, 0, Some(r#"{"status":"accepted"}"#));
+    assert!(w.queue().is_empty());
+}
+
+#[test]
+fn a_page_view_in_flight_keeps_its_report_waiting() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    let (_, _, id) = w.sends().remove(0); // in flight
+    w.host().now += 1_000;
+    w.blur();
+    assert!(w.sends().is_empty());
+    w.hide();
+    assert!(
+        w.beacons().is_empty(),
+        "neither beaconed: the page view's keepalive fetch is on its way, its report after it"
+    );
+    w.answer(&id, 200, 0, None);
+    assert_eq!(wire(&w.sends()[0].1).engaged_ms, Some(1_000));
+}
+
+#[test]
+fn hiding_beacons_a_due_page_view_and_then_its_report() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    let (_, view_body, id) = w.sends().remove(0);
+    w.answer(&id, 0, 0, None); // network error
+    w.host().now += retry::CAP_MS; // due again
+    w.hide();
+    let beacons = w.beacons();
+    assert_eq!(beacons.len(), 2, "{beacons:?}");
+    assert_eq!(beacons[0].1, view_body, "the page view first");
+    assert_eq!(wire(&beacons[1].1).kind, tally_wire::TYPE_ENGAGEMENT);
+}
+
+#[test]
+fn a_newer_report_waits_for_an_older_one_on_its_way() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().now += 2_000;
+    w.blur();
+    let (_, older, id) = w.sends().remove(0); // in flight
+    w.focus();
+    w.host().now += 2_000;
+    w.blur();
+    assert!(w.sends().is_empty(), "one entry per event id at a time");
+    // The answer settles the report that was sent; the newer one goes next.
+    w.answer(&id, 200, 0, None);
+    let s = w.sends();
+    assert_eq!(s.len(), 1);
+    assert_ne!(s[0].1, older);
+    assert_eq!(wire(&s[0].1).engaged_ms, Some(4_000));
+    w.answer(&id, 200, 0, None);
+    assert!(w.queue().is_empty());
+}
+
+#[test]
+fn spa_navigation_reports_the_page_left_before_counting_the_next() {
+    let mut w = engaged_world("https://blog.example/a", 0);
+    let a = wire(&w.settled_page_view());
+    w.host().now += 6_000;
+    w.host().depth = 80;
+    w.host().href = "https://blog.example/b".into();
+    w.client.navigate(Navigation::Push);
+    let s = w.sends();
+    assert_eq!(s.len(), 2, "{s:?}");
+    let (report, b) = (wire(&s[0].1), wire(&s[1].1));
+    assert_eq!(report.kind, tally_wire::TYPE_ENGAGEMENT);
+    assert_eq!(report.event_id, a.event_id);
+    assert_eq!(report.url, "https://blog.example/a");
+    assert_eq!((report.engaged_ms, report.scroll), (Some(6_000), Some(80)));
+    assert_eq!(b.kind, TYPE_PAGEVIEW);
+    assert_eq!(w.client.host().depth, 0, "the scroll depth starts again");
+    // The next page view measures afresh.
+    w.answer(&s[0].2, 200, 0, None);
+    w.answer(&s[1].2, 200, 0, None);
+    w.host().now += 1_000;
+    w.blur();
+    let next = wire(&w.sends()[0].1);
+    assert_eq!(next.event_id, b.event_id);
+    assert_eq!(next.engaged_ms, Some(1_000));
+}
+
+#[test]
+fn a_report_never_asks_for_counts() {
+    let mut f = fake("https://blog.example/");
+    f.engaged = true;
+    f.counters = true;
+    let mut w = World::start(f, 0);
+    let (url, _, id) = w.sends().remove(0);
+    assert!(url.ends_with("&counts=1"));
+    w.host().now += 1_000;
+    w.blur(); // waits behind the page view
+    w.answer(&id, 200, 0, Some(COUNTS_ANSWER));
+    let s = w.sends();
+    assert_eq!(wire(&s[0].1).kind, tally_wire::TYPE_ENGAGEMENT);
+    assert!(!s[0].0.contains("counts"), "{}", s[0].0);
+    w.answer(&id, 200, 0, Some(COUNTS_ANSWER));
+    assert_eq!(
+        w.client.host().fills.len(),
+        1,
+        "only the page view's answer fills"
+    );
+}
+
+#[test]
+fn reports_expire_with_their_page_views_event_id() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().now += 2 * 60 * 60 * 1000; // two hours on the page
+    w.blur();
+    let (_, _, id) = w.sends().remove(0);
+    w.answer(&id, 503, 0, None);
+    assert_eq!(w.queue()[0].head.born, T0, "born with the page view");
+}
+
+#[test]
+fn no_engagement_for_an_ignored_browser() {
+    let mut f = fake("https://blog.example/");
+    f.engaged = true;
+    let mut w = World::start(f, Flag::Ignored as u32);
+    w.host().now += 5_000;
+    w.host().depth = 90;
+    w.blur();
+    w.hide();
+    assert!(w.sends().is_empty() && w.beacons().is_empty());
+
+    // Ignored mid-page: the page view reports nothing more.
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.command("ignore", "true", "");
+    w.host().now += 5_000;
+    w.blur();
+    w.hide();
+    assert!(w.sends().is_empty() && w.beacons().is_empty());
+}
+
+#[test]
+fn no_engagement_without_a_recorded_page_view() {
+    // Manual mode before any tally('pageview').
+    let mut f = fake("https://blog.example/");
+    f.engaged = true;
+    let mut w = World::start(f, Flag::Manual as u32);
+    w.host().now += 5_000;
+    w.host().depth = 50;
+    w.blur();
+    w.hide();
+    assert!(w.sends().is_empty() && w.beacons().is_empty());
+
+    // A page view too large to send is not recorded, and reports nothing.
+    let long = format!("https://blog.example/{}", "p".repeat(MAX_HIT_BYTES));
+    let mut w = engaged_world(&long, 0);
+    assert!(w.sends().is_empty());
+    w.host().now += 5_000;
+    w.host().depth = 50;
+    w.blur();
+    assert!(w.sends().is_empty());
+}
+
+#[test]
+fn withdrawn_consent_ends_the_reports_of_the_current_page_view() {
+    let mut f = fake("https://blog.example/");
+    f.engaged = true;
+    let mut w = World::start(f, Flag::Consent as u32);
+    w.command("consent", "true", "");
+    w.settled_page_view();
+    w.command("consent", "false", "");
+    w.host().now += 5_000;
+    w.blur();
+    assert!(
+        w.sends().is_empty(),
+        "its reports would carry the stored visitor id"
+    );
+}
+
+#[test]
+fn a_newer_report_replaces_an_unconfirmed_older_one() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().now += 2_000;
+    w.hide(); // beaconed: kept, unconfirmed
+    let beaconed = w.beacons().remove(0).1;
+    assert_eq!(w.queue().len(), 1);
+    w.focus();
+    w.host().now += 3_000;
+    w.blur();
+    let s = w.sends();
+    assert_eq!(
+        s.len(),
+        1,
+        "sent at once, not held back by the older report"
+    );
+    assert_eq!(wire(&s[0].1).engaged_ms, Some(5_000));
+    let q = w.queue();
+    assert_eq!(q.len(), 1, "the older report left the queue");
+    assert_ne!(q[0].body, beaconed);
+}
+
+#[test]
+fn hidden_shown_and_hidden_again_beacons_the_last_total() {
+    // The tab is switched away and back, then closed: the last report must go out by beacon,
+    // not wait behind the first (unconfirmed) one while the page closes.
+    let mut w = engaged_world("https://blog.example/", 0);
+    w.settled_page_view();
+    w.host().now += 2_000;
+    w.hide();
+    assert_eq!(w.beacons().len(), 1);
+    w.host().now += 60_000; // away: the first beacon's backoff is over
+    w.focus();
+    w.host().now += 1_500;
+    w.hide();
+    let beacons = w.beacons();
+    assert_eq!(beacons.len(), 1, "{beacons:?}");
+    assert_eq!(wire(&beacons[0].1).engaged_ms, Some(3_500));
+}
+
+#[test]
+fn a_report_never_replaces_its_page_view() {
+    let mut w = engaged_world("https://blog.example/", 0);
+    let (_, view_body, id) = w.sends().remove(0);
+    w.answer(&id, 0, 0, None); // tried and failed
+    w.host().now += 1_000;
+    w.blur();
+    w.focus();
+    w.host().now += 1_000;
+    w.blur();
+    let q = w.queue();
+    assert_eq!(q[0].body, view_body, "the page view stays, first");
+    assert_eq!(q.len(), 3, "reports not yet tried are not replaced: {q:?}");
 }

@@ -7,9 +7,11 @@
 //!   eight views (55 % single-view), pages by popularity ~ 1/rank, visitors half uniform (so
 //!   nearly all appear) and half 1/rank (regulars), 70 % with a stored id and 30 % with only a
 //!   per-day key, weekends at 70 % of a weekday, an external referrer on 45 % of visit entries
-//!   (search engines, social sites, aggregators and 60 small sites: 71 hosts), custom events on
-//!   6 % of views. The store holds no browsers, devices, countries or campaigns yet, so the
-//!   seed writes none.
+//!   (search engines, social sites, aggregators and 60 small sites: 71 hosts), campaign tags
+//!   on 8 % of visit entries, custom events on 6 % of views, an engagement report on 60 % of
+//!   views; each visitor keeps one browser (with a major version), system, device class and
+//!   country (30 countries, skewed), and the source tuple is classified by the collector's
+//!   own classifier (`core::dims::classify_source` over the bundled source list).
 //! - `read` starts `tally serve` on that database and times every dashboard panel and API
 //!   read for each range: cold (each sample the first request of a fresh process; the
 //!   operating system's file cache stays warm, as it does after a restart) and warm (the same
@@ -95,6 +97,72 @@ const REFERRERS: &[(&str, u32)] = &[
 ];
 const SMALL_SITES: u32 = 60;
 
+/// Browsers, their systems and device classes: (browser, majors, system, system major, device,
+/// weight).
+const AGENTS: &[(&str, &[&str], &str, &str, &str, u32)] = &[
+    (
+        "Chrome",
+        &["131", "130", "129"],
+        "Windows",
+        "10",
+        "Desktop",
+        300,
+    ),
+    ("Chrome", &["131", "130"], "Android", "14", "Mobile", 200),
+    ("Safari", &["18", "17"], "iOS", "18", "Mobile", 170),
+    ("Chrome", &["131"], "macOS", "10", "Laptop", 80),
+    ("Safari", &["18"], "macOS", "10", "Laptop", 60),
+    ("Firefox", &["133", "132"], "Windows", "10", "Desktop", 50),
+    ("Firefox", &["133"], "Linux", "", "Desktop", 20),
+    ("Microsoft Edge", &["131"], "Windows", "10", "Desktop", 50),
+    ("Samsung Internet", &["27"], "Android", "14", "Mobile", 30),
+    ("Safari", &["18"], "iOS", "18", "Tablet", 25),
+    ("Opera", &["114"], "Windows", "10", "Desktop", 15),
+];
+
+/// Countries by weight.
+const COUNTRIES: &[(&str, u32)] = &[
+    ("US", 300),
+    ("DE", 90),
+    ("GB", 80),
+    ("IN", 70),
+    ("FR", 50),
+    ("CA", 45),
+    ("BR", 40),
+    ("NL", 30),
+    ("JP", 30),
+    ("ES", 25),
+    ("IT", 25),
+    ("PL", 20),
+    ("SE", 18),
+    ("AU", 18),
+    ("CH", 12),
+    ("AT", 10),
+    ("BE", 10),
+    ("RU", 10),
+    ("CN", 8),
+    ("KR", 8),
+    ("MX", 8),
+    ("TR", 6),
+    ("UA", 6),
+    ("CZ", 6),
+    ("DK", 5),
+    ("FI", 5),
+    ("NO", 5),
+    ("PT", 5),
+    ("ID", 4),
+    ("ZA", 4),
+];
+
+/// Campaign tags: (utm_source, utm_medium, utm_campaign), by weight.
+const CAMPAIGNS: &[(&str, &str, &str, u32)] = &[
+    ("newsletter", "email", "weekly", 40),
+    ("twitter", "social", "launch", 20),
+    ("google", "cpc", "brand", 20),
+    ("partner", "referral", "spring-sale", 10),
+    ("facebook", "paid-social", "retargeting", 10),
+];
+
 /// Custom event names and weights.
 const EVENTS: &[(&str, u32)] = &[
     ("signup", 10),
@@ -133,6 +201,8 @@ pub struct History {
     first: Date,
     next: usize,
     now: Timestamp,
+    /// The collector's source list, to classify referrers and campaign tags as it does.
+    sources: tally::collect::sources::SourceList,
 }
 
 impl History {
@@ -184,6 +254,7 @@ impl History {
             first,
             next: 0,
             now,
+            sources: tally::collect::sources::SourceList::bundled(),
         })
     }
 
@@ -202,6 +273,37 @@ impl History {
         let mut key = [0u8; 16];
         key.copy_from_slice(&h.finalize().as_bytes()[..16]);
         VisitorKey(key)
+    }
+
+    /// The agent tuple of a visitor (one browser, system, device and country each).
+    fn agent(&self, visitor: u64) -> std::sync::Arc<str> {
+        let mut rng = Rng::new(visitor.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xa5a5);
+        let a = AGENTS[weighted(&mut rng, AGENTS.iter().map(|a| a.5))];
+        let major = a.1[rng.below(a.1.len() as u64) as usize];
+        let country = COUNTRIES[weighted(&mut rng, COUNTRIES.iter().map(|c| c.1))].0;
+        tally::core::dims::AgentDims {
+            browser: a.0.to_owned(),
+            browser_version: major.to_owned(),
+            os: a.2.to_owned(),
+            os_version: a.3.to_owned(),
+            device: a.4.to_owned(),
+            country: country.to_owned(),
+            region: String::new(),
+        }
+        .encode()
+        .into()
+    }
+
+    /// The source tuple of a visit entering from `referrer` (or none), maybe with campaign tags.
+    fn source(&mut self, referrer: Option<&str>) -> String {
+        let mut campaign = tally::core::dims::Campaign::default();
+        if self.rng.chance(0.08) {
+            let c = CAMPAIGNS[weighted(&mut self.rng, CAMPAIGNS.iter().map(|c| c.3))];
+            campaign.utm_source = c.0.to_owned();
+            campaign.utm_medium = c.1.to_owned();
+            campaign.utm_campaign = c.2.to_owned();
+        }
+        tally::core::dims::classify_source(referrer, &campaign, &self.sources).encode()
     }
 
     fn referrer(&mut self) -> String {
@@ -249,6 +351,15 @@ impl History {
             .min(left);
             let mut at_ms = start.as_millisecond() + self.rng.below(span_ms as u64) as i64;
             let mut referrer = self.rng.chance(0.45).then(|| self.referrer());
+            let agent = self.agent(visitor);
+            // The visit's entry carries its source; the views after it come from the site.
+            let mut src = self.source(referrer.as_deref());
+            let internal = tally::core::dims::classify_source(
+                None,
+                &tally::core::dims::Campaign::default(),
+                &self.sources,
+            )
+            .encode();
             for _ in 0..views {
                 if at_ms >= end.as_millisecond() {
                     at_ms = end.as_millisecond() - 1;
@@ -256,7 +367,7 @@ impl History {
                 let at = Timestamp::from_millisecond(at_ms)?;
                 let page =
                     self.pages[rank(&mut self.rng, self.pages.len() as u64) as usize - 1].clone();
-                out.push(Record {
+                let view = Record {
                     event_id: self.event_id(at),
                     site: self.site.clone(),
                     source: Source::Web,
@@ -266,8 +377,24 @@ impl History {
                     at_ms,
                     day,
                     referrer: referrer.take(),
-                    dims: Default::default(),
-                });
+                    dims: tally::core::record::Dims {
+                        src: std::mem::replace(&mut src, internal.clone()),
+                        agent: agent.clone(),
+                    },
+                };
+                if self.rng.chance(0.6) {
+                    let engaged_ms = (self.rng.below(120_000) + self.rng.below(60_000)) as u32;
+                    let scroll = Some((20 + self.rng.below(81)) as u8);
+                    let report = Record {
+                        kind: HitKind::Engagement { engaged_ms, scroll },
+                        dims: Default::default(),
+                        ..view.clone()
+                    };
+                    out.push(view);
+                    out.push(report);
+                } else {
+                    out.push(view);
+                }
                 if self.rng.chance(0.06) {
                     let i = weighted(&mut self.rng, EVENTS.iter().map(|e| e.1));
                     let name = EventName::parse(EVENTS[i].0)
@@ -284,13 +411,17 @@ impl History {
                         at_ms: at.as_millisecond(),
                         day,
                         referrer: None,
-                        dims: Default::default(),
+                        dims: tally::core::record::Dims {
+                            src: internal.clone(),
+                            agent: agent.clone(),
+                        },
                     });
                 }
                 at_ms += 20_000 + self.rng.below(280_000) as i64;
             }
             left -= views;
         }
+        // Time order; an engagement report stays after its page view (a stable sort).
         out.sort_by_key(|r| r.at_ms);
         Ok(Some(out))
     }

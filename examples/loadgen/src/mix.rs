@@ -162,14 +162,14 @@ pub enum Referrer {
     Internal,
 }
 
-/// The hit body as the browser client sends it.
+/// The hit body as the browser client sends it (with the screen width it reports).
 pub fn hit_body(event_id: &str, visitor: &str, url: &str, referrer: Option<&str>) -> Bytes {
     let referrer = match referrer {
         Some(r) => format!("\"{r}\""),
         None => "null".to_owned(),
     };
     Bytes::from(format!(
-        r#"{{"site":"{SITE}","type":"pageview","event_id":"{event_id}","visitor_id":"{visitor}","url":"{url}","referrer":{referrer}}}"#
+        r#"{{"site":"{SITE}","type":"pageview","event_id":"{event_id}","visitor_id":"{visitor}","url":"{url}","referrer":{referrer},"screen_width":1920}}"#
     ))
 }
 

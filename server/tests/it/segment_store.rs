@@ -462,6 +462,59 @@ async fn answers_stay_exact_across_sealed_and_open_days(db: &impl Harness) {
     );
 }
 
+async fn verify_recounts_segments_and_repairs_them(db: &impl Harness) {
+    let store = db.handle(None);
+    store
+        .commit(vec![
+            view(
+                1,
+                1,
+                "/a",
+                "2026-03-02T10:00:00Z",
+                ("", "Direct", "Firefox"),
+            ),
+            view(2, 2, "/b", "2026-03-02T11:00:00Z", ("", "Direct", "Chrome")),
+        ])
+        .await
+        .expect("commit");
+    assert!(
+        store
+            .seal_day(&site(), D1, day_start(D1))
+            .await
+            .expect("seal")
+    );
+    let clean = store.verify(false).await.expect("verify");
+    assert!(clean.drift.is_empty(), "{:?}", clean.drift);
+    let plain = db.handle(None);
+    let before = plain.verify(false).await.expect("verify").checked;
+    db.tamper(crate::store_conformance::Tamper::TruncateSegments);
+    let found = store.verify(false).await.expect("verify");
+    assert_eq!(found.checked, before);
+    assert_eq!(
+        found
+            .drift
+            .iter()
+            .map(|d| d.key.as_str())
+            .collect::<Vec<_>>(),
+        vec!["s/segment/2026-03-02"]
+    );
+    assert_eq!(
+        found.drift[0].recounted,
+        (2, 2),
+        "visits and page views of the rebuild"
+    );
+    let repaired = store.verify(true).await.expect("repair");
+    assert!(repaired.repaired);
+    assert!(store.verify(false).await.expect("verify").drift.is_empty());
+    // The repaired segment answers like the original.
+    let input = store
+        .segment_input(&site(), D1, D1, None)
+        .await
+        .expect("input");
+    let seg = Segment::decode(input.sealed[0].1.as_deref().expect("bytes")).expect("decodes");
+    assert_eq!(seg.visit_count(), 2);
+}
+
 macro_rules! segment_checks {
     ($($backend:ident => $harness:ty),* $(,)?) => {$(
         mod $backend {
@@ -471,6 +524,7 @@ macro_rules! segment_checks {
                 an_import_into_a_sealed_day_unseals_it,
                 tuples_beyond_the_cap_count_as_other,
                 answers_stay_exact_across_sealed_and_open_days,
+                verify_recounts_segments_and_repairs_them,
             );
         }
     )*};

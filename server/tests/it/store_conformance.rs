@@ -54,6 +54,8 @@ pub enum Tamper {
     SiteDayViews { day: jiff::civil::Date, by: i64 },
     /// Add `by` views to every referrer counter of site `s`.
     ReferrerViews { by: i64 },
+    /// Cut the last byte off every stored day segment of site `s`.
+    TruncateSegments,
 }
 
 /// The backend's default page cap.
@@ -1605,6 +1607,11 @@ pub(crate) mod sqlite_backend {
                      WHERE site = (SELECT id FROM site_keys WHERE name = 's')",
                     [by],
                 ),
+                Tamper::TruncateSegments => conn.execute(
+                    "UPDATE segments SET data = substr(data, 1, length(data) - 1) \
+                     WHERE site = (SELECT id FROM site_keys WHERE name = 's')",
+                    [],
+                ),
             }
             .expect("tamper");
             assert!(changed > 0, "{damage:?} changed nothing");
@@ -1884,6 +1891,10 @@ pub(crate) mod postgres {
                     "UPDATE referrer_counters SET views = views + {by} \
                      WHERE site = (SELECT id FROM site_keys WHERE name = 's')"
                 )),
+                Tamper::TruncateSegments => self.0.exec(
+                    "UPDATE segments SET data = substring(data from 1 for length(data) - 1) \
+                     WHERE site = (SELECT id FROM site_keys WHERE name = 's')",
+                ),
             };
             assert!(changed > 0, "{damage:?} changed nothing");
         }

@@ -74,6 +74,8 @@ struct Acc {
     visitors: RoaringBitmap,
     /// Visitors of [`Extra`]s, summed.
     extra_visitors: u64,
+    /// The visitor inserted last (visits come sorted by visitor: a repeat skips the bitmap).
+    last: Option<u32>,
     visits: u64,
     pageviews: u64,
     events: u64,
@@ -88,6 +90,15 @@ struct Acc {
     engaged_visits: u64,
     scroll_sum: u64,
     scroll_visits: u64,
+}
+
+impl Acc {
+    fn visitor(&mut self, visitor: u32) {
+        if self.last != Some(visitor) {
+            self.last = Some(visitor);
+            self.visitors.insert(visitor);
+        }
+    }
 }
 
 /// Interned values of one dimension.
@@ -109,21 +120,49 @@ impl Values {
     }
 }
 
-/// The rows seen so far, by key (one interned value number per dimension).
+/// The rows seen so far, by key (one interned value number per dimension): without
+/// dimensions one row, with one a dense table by value number, else a hash of the key.
 #[derive(Default)]
 struct Rows {
-    index: HashMap<Box<[u32]>, usize>,
+    index: HashMap<Box<[u32]>, usize, foldhash::fast::RandomState>,
+    /// With one dimension: row + 1 by value number (0: no row yet).
+    dense: Vec<u32>,
     keys: Vec<Box<[u32]>>,
     accs: Vec<Acc>,
 }
 
 impl Rows {
     fn at(&mut self, key: &[u32]) -> usize {
-        if let Some(i) = self.index.get(key) {
-            return *i;
+        match key {
+            [] if !self.accs.is_empty() => return 0,
+            [v] => {
+                let v = *v as usize;
+                if let Some(&r) = self.dense.get(v)
+                    && r > 0
+                {
+                    return r as usize - 1;
+                }
+            }
+            _ => {
+                if let Some(i) = self.index.get(key) {
+                    return *i;
+                }
+            }
         }
         let i = self.accs.len();
-        self.index.insert(key.into(), i);
+        match key {
+            [] => {}
+            [v] => {
+                let v = *v as usize;
+                if self.dense.len() <= v {
+                    self.dense.resize(v + 1, 0);
+                }
+                self.dense[v] = i as u32 + 1;
+            }
+            _ => {
+                self.index.insert(key.into(), i);
+            }
+        }
         self.keys.push(key.into());
         self.accs.push(Acc::default());
         i
@@ -230,6 +269,9 @@ struct Local {
     pageview_value: Vec<u32>,
     /// Local time of day boundaries, for hours: (seconds from the day's start, hour).
     hours: Vec<(u32, i8)>,
+    /// Per dimension position of a time dimension: the day's bucket value number (day, week,
+    /// month), or the value number of each entry of `hours`.
+    time_ids: Vec<Vec<u32>>,
 }
 
 /// Answer `query` from the segments of the local days `from..=to` of a site in `zone`
@@ -276,12 +318,24 @@ pub fn run_with(
     let mut agent_memo: HashMap<u32, (bool, Vec<u32>)> = HashMap::new();
     let mut page_memo: HashMap<u32, (bool, bool, bool, Vec<u32>)> = HashMap::new();
     let mut key = vec![0u32; dims.len()];
+    let has_page_dim = dims.contains(&Dimension::Page);
+    let has_name_dim = dims.contains(&Dimension::Name);
+    let want_total = query.metrics.contains(&Metric::Percentage);
+    // Whether events must be visited one by one: to key them by their page, name or hour, to
+    // filter them, or for their engagement. Otherwise a visit's counts say it all.
+    let need_events = event_rows
+        || !event_filters.is_empty()
+        || dims.contains(&Dimension::Time(Grain::Hour))
+        || query
+            .metrics
+            .iter()
+            .any(|m| matches!(m, Metric::TimeOnPage | Metric::ScrollDepth));
     for (day, seg) in segments {
         let local = resolve(
             query,
             &slots,
             (&visit_filters, &event_filters, &page_filters),
-            *day,
+            (*day, from),
             zone,
             seg,
             dict,
@@ -317,7 +371,9 @@ pub fn run_with(
                 continue;
             }
             let visitor = v.visitor[i];
-            total.insert(visitor);
+            if want_total {
+                total.insert(visitor);
+            }
             let bounce = v.pageviews[i] < 2 && v.events[i] == 0;
             // Whole-visit sums: keyed by the visit (a page breakdown: its entry page).
             for (k, s) in slots.iter().enumerate() {
@@ -327,13 +383,11 @@ pub fn run_with(
                     Slot::Entry | Slot::Page => local.values[k][v.entry[i] as usize],
                     Slot::Exit => local.values[k][v.exit[i] as usize],
                     Slot::Name => 0,
-                    Slot::Time(g) => {
-                        time_value(&local, *g, v.start_s[i], *day, from, &mut values[k])
-                    }
+                    Slot::Time(g) => time_value(&local, k, *g, v.start_s[i]),
                 };
             }
-            let whole_ok = !dims.contains(&Dimension::Page) || v.entry[i] != 0;
-            if whole_ok && !dims.contains(&Dimension::Name) {
+            let whole_ok = !has_page_dim || v.entry[i] != 0;
+            if whole_ok && !has_name_dim {
                 let r = rows.at(&key);
                 let acc = &mut rows.accs[r];
                 acc.whole_visits += 1;
@@ -347,8 +401,16 @@ pub fn run_with(
                 }
                 if !event_rows {
                     acc.visits += 1;
-                    acc.visitors.insert(visitor);
+                    acc.visitor(visitor);
                 }
+                if !need_events {
+                    // Every event of the visit counts, in the visit's row.
+                    acc.pageviews += u64::from(v.pageviews[i]);
+                    acc.events += u64::from(v.pageviews[i] + v.events[i]);
+                }
+            }
+            if !need_events {
+                continue;
             }
             // Event sums: keyed by each matching event.
             touched.clear();
@@ -375,17 +437,7 @@ pub fn run_with(
                 if !event_filters.is_empty() && !pv_match(p) {
                     continue;
                 }
-                event_key(
-                    &mut key,
-                    &slots,
-                    &local,
-                    seg,
-                    i,
-                    EventAt::Pageview(p),
-                    *day,
-                    from,
-                    &mut values,
-                );
+                event_key(&mut key, &slots, &local, seg, i, EventAt::Pageview(p));
                 let eng = u64::from(seg.pageviews.engaged_ms[p]);
                 let scroll = seg.pageviews.scroll[p];
                 add(&key, &mut rows, true, eng, eng > 0 || scroll > 0, scroll);
@@ -394,24 +446,14 @@ pub fn run_with(
                 if !event_filters.is_empty() && !ev_match(e) {
                     continue;
                 }
-                event_key(
-                    &mut key,
-                    &slots,
-                    &local,
-                    seg,
-                    i,
-                    EventAt::Custom(e),
-                    *day,
-                    from,
-                    &mut values,
-                );
+                event_key(&mut key, &slots, &local, seg, i, EventAt::Custom(e));
                 add(&key, &mut rows, false, 0, false, 0);
             }
             for &(r, eng, reported, scroll) in &touched {
                 let acc = &mut rows.accs[r];
                 if event_rows {
                     acc.visits += 1;
-                    acc.visitors.insert(visitor);
+                    acc.visitor(visitor);
                 }
                 acc.engaged_ms += eng;
                 acc.engaged_visits += u64::from(reported && eng > 0);
@@ -449,9 +491,6 @@ fn event_key(
     seg: &Segment,
     visit: usize,
     at: EventAt,
-    day: Date,
-    from: Date,
-    values: &mut [Values],
 ) {
     let v = &seg.visits;
     for (k, s) in slots.iter().enumerate() {
@@ -467,28 +506,23 @@ fn event_key(
             (Slot::Name, EventAt::Pageview(_)) => local.pageview_value[k],
             (Slot::Name, EventAt::Custom(e)) => local.values[k][seg.customs.name[e] as usize],
             (Slot::Time(g), EventAt::Pageview(p)) => {
-                time_value(local, *g, seg.pageviews.at_s[p], day, from, &mut values[k])
+                time_value(local, k, *g, seg.pageviews.at_s[p])
             }
-            (Slot::Time(g), EventAt::Custom(e)) => {
-                time_value(local, *g, seg.customs.at_s[e], day, from, &mut values[k])
-            }
+            (Slot::Time(g), EventAt::Custom(e)) => time_value(local, k, *g, seg.customs.at_s[e]),
         };
     }
 }
 
-/// The bucket label of a moment `at_s` seconds into `day`.
-fn time_value(
-    local: &Local,
-    grain: Grain,
-    at_s: u32,
-    day: Date,
-    from: Date,
-    values: &mut Values,
-) -> u32 {
-    values.id(&bucket_label(grain, day, from, || {
-        let i = local.hours.partition_point(|(s, _)| *s <= at_s);
-        local.hours.get(i.saturating_sub(1)).map_or(0, |h| h.1)
-    }))
+/// The bucket value number of a moment `at_s` seconds into the segment's day.
+fn time_value(local: &Local, k: usize, grain: Grain, at_s: u32) -> u32 {
+    let ids = &local.time_ids[k];
+    match grain {
+        Grain::Hour => {
+            let i = local.hours.partition_point(|(s, _)| *s <= at_s);
+            ids.get(i.saturating_sub(1)).copied().unwrap_or(0)
+        }
+        _ => ids.first().copied().unwrap_or(0),
+    }
 }
 
 /// Labels as Plausible writes them: `2026-01-05 13:00:00`, `2026-01-05`; a week by its
@@ -511,7 +545,7 @@ fn resolve(
     query: &Query,
     slots: &[Slot],
     filters: (&[&Filter], &[&Filter], &[&Filter]),
-    day: Date,
+    (day, from): (Date, Date),
     zone: &SiteZone,
     seg: &Segment,
     dict: &dyn Dictionary,
@@ -536,6 +570,7 @@ fn resolve(
         values: slots.iter().map(|_| Vec::new()).collect(),
         pageview_value: vec![0; slots.len()],
         hours: Vec::new(),
+        time_ids: Vec::new(),
     };
     // Sources.
     for &id in &seg.srcs {
@@ -660,6 +695,19 @@ fn resolve(
     if slots.iter().any(|s| matches!(s, Slot::Time(Grain::Hour))) {
         local.hours = hours_of(day, zone, seg.day_start_ms);
     }
+    local.time_ids = slots
+        .iter()
+        .enumerate()
+        .map(|(k, s)| match s {
+            Slot::Time(Grain::Hour) => local
+                .hours
+                .iter()
+                .map(|(_, h)| values[k].id(&bucket_label(Grain::Hour, day, from, || *h)))
+                .collect(),
+            Slot::Time(g) => vec![values[k].id(&bucket_label(*g, day, from, || 0))],
+            _ => Vec::new(),
+        })
+        .collect();
     let _ = dims;
     local
 }

@@ -65,6 +65,15 @@ pub(super) const ALL_TIME: i32 = -1;
 const EPOCH: Date = jiff::civil::date(1970, 1, 1);
 
 /// A local day as stored: days since 1970-01-01.
+/// The counters' and the segments' verify reports as one.
+fn merged(counters: VerifyReport, segments: VerifyReport) -> VerifyReport {
+    VerifyReport {
+        checked: counters.checked + segments.checked,
+        drift: [counters.drift, segments.drift].concat(),
+        repaired: counters.repaired || segments.repaired,
+    }
+}
+
 /// `kind` codes in `events`.
 pub(super) const KIND_PAGEVIEW: i16 = 0;
 pub(super) const KIND_EVENT: i16 = 1;
@@ -624,7 +633,8 @@ impl Maintenance for PgStore {
         if report.repaired {
             self.known().clear();
         }
-        Ok(report)
+        let segments = retry("verify", || segments::verify(self, None, repair)).await?;
+        Ok(merged(report, segments))
     }
 
     async fn verify_site(&self, site: &SiteId, repair: bool) -> Result<VerifyReport, StoreError> {
@@ -635,7 +645,11 @@ impl Maintenance for PgStore {
         if report.repaired {
             self.known().clear();
         }
-        Ok(report)
+        let segments = retry("verify", || {
+            segments::verify(self, Some(site.as_str()), repair)
+        })
+        .await?;
+        Ok(merged(report, segments))
     }
 
     async fn prune(

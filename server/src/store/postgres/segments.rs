@@ -368,3 +368,93 @@ pub(super) async fn unseal(
 pub(super) fn days(from: jiff::civil::Date, to: jiff::civil::Date) -> (i32, i32) {
     (day_num(from), day_num(to))
 }
+
+/// Recount every sealed day of `site` (or of every site) whose raw events are kept, as on
+/// SQLite (`store::sqlite::segments::verify`); a repair rebuilds a differing segment under
+/// the day's lock and raises the generation.
+pub(super) async fn verify(
+    store: &PgStore,
+    site: Option<&str>,
+    repair: bool,
+) -> Result<crate::store::VerifyReport, Fail> {
+    let client = store.client().await?;
+    let first = first_complete_day(&client).await?;
+    let days: Vec<(i64, String, i32)> = client
+        .query(
+            "SELECT s.site, k.name, s.day FROM segments s JOIN site_keys k ON k.id = s.site \
+             WHERE s.day >= $1 AND ($2::text IS NULL OR k.name = $2) ORDER BY s.site, s.day",
+            &[&first, &site],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    drop(client);
+    let mut report = crate::store::VerifyReport::default();
+    for (id, name, day) in days {
+        report.checked += 1;
+        let mut client = store.client().await?;
+        let tx = client.transaction().await?;
+        tx.execute(
+            &format!("SELECT pg_advisory_xact_lock({DAY_LOCK})"),
+            &[&id, &day],
+        )
+        .await?;
+        let stored: Option<Vec<u8>> = tx
+            .query_opt(
+                "SELECT data FROM segments WHERE site = $1 AND day = $2",
+                &[&id, &day],
+            )
+            .await?
+            .map(|r| r.get(0));
+        let Some(stored) = stored else {
+            continue;
+        };
+        let start = segment::Segment::decode(&stored).map_or(0, |s| s.day_start_ms);
+        let raw = raw_events(&tx, id, day, day).await?;
+        let keys: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
+        let known = stored_numbers(&tx, id, &keys).await?;
+        let complete = keys.iter().all(|k| known.contains_key(k));
+        let events: Vec<DayEvent> = raw
+            .into_iter()
+            .map(|mut e| {
+                e.event.visitor = known.get(&e.visitor).copied().unwrap_or(u32::MAX);
+                e.event
+            })
+            .collect();
+        let rebuilt = segment::build(start, events).encode();
+        if complete && rebuilt == stored {
+            continue;
+        }
+        let said = |b: &[u8]| {
+            segment::Segment::decode(b).map_or((-1, -1), |s| {
+                (s.visit_count() as i64, s.pageviews.page.len() as i64)
+            })
+        };
+        let day_date = super::num_day(day).map_err(Fail::Store)?;
+        report.drift.push(crate::store::Drift {
+            key: format!("{name}/segment/{day_date}"),
+            stored: said(&stored),
+            recounted: if complete { said(&rebuilt) } else { (-1, -1) },
+        });
+        if repair {
+            tx.execute(
+                "DELETE FROM segments WHERE site = $1 AND day = $2",
+                &[&id, &day],
+            )
+            .await?;
+            tx.batch_execute(BUMP_SEGMENTS).await?;
+            tx.commit().await?;
+            seal_day(
+                store,
+                &SiteId::parse(&name)
+                    .map_err(|e| Fail::Store(StoreError::Invalid(format!("site {name:?}: {e}"))))?,
+                day,
+                start,
+            )
+            .await?;
+            report.repaired = true;
+        }
+    }
+    Ok(report)
+}

@@ -949,38 +949,48 @@ impl SqliteStore {
         site: Option<String>,
         repair: bool,
     ) -> Result<VerifyReport, StoreError> {
-        self.write(move |w| {
-            // The visitor sets whole in their tables first (verify reads and rebuilds them).
-            w.pending.invalidate();
-            let tx = w
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            journal::flush(&tx)?;
-            tx.commit()?;
-            let only = match &site {
-                None => verify::Only::all(),
-                Some(name) => {
-                    let id: Option<i64> = w
-                        .conn
-                        .query_row("SELECT id FROM site_keys WHERE name = ?1", [name], |r| {
-                            r.get(0)
-                        })
-                        .optional()?;
-                    match id {
-                        Some(id) => verify::Only::site(id),
-                        // Never counted: nothing to check.
-                        None => return Ok(VerifyReport::default()),
+        let report = {
+            let site = site.clone();
+            self.write(move |w| {
+                // The visitor sets whole in their tables first (verify reads and rebuilds them).
+                w.pending.invalidate();
+                let tx = w
+                    .conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)?;
+                journal::flush(&tx)?;
+                tx.commit()?;
+                let only = match &site {
+                    None => verify::Only::all(),
+                    Some(name) => {
+                        let id: Option<i64> = w
+                            .conn
+                            .query_row("SELECT id FROM site_keys WHERE name = ?1", [name], |r| {
+                                r.get(0)
+                            })
+                            .optional()?;
+                        match id {
+                            Some(id) => verify::Only::site(id),
+                            // Never counted: nothing to check.
+                            None => return Ok(VerifyReport::default()),
+                        }
                     }
+                };
+                let report = verify_counters(&mut w.conn, &only, repair)?;
+                if report.repaired {
+                    w.seen.clear();
+                    w.ids.clear();
                 }
-            };
-            let report = verify_counters(&mut w.conn, &only, repair)?;
-            if report.repaired {
-                w.seen.clear();
-                w.ids.clear();
-            }
-            Ok(report)
+                Ok(report)
+            })
+            .await?
+        };
+        // The day segments, recounted from the same raw events.
+        let segments = segments::verify(self, site, repair).await?;
+        Ok(VerifyReport {
+            checked: report.checked + segments.checked,
+            drift: [report.drift, segments.drift].concat(),
+            repaired: report.repaired || segments.repaired,
         })
-        .await
     }
 }
 
