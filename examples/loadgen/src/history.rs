@@ -97,9 +97,18 @@ const REFERRERS: &[(&str, u32)] = &[
 ];
 const SMALL_SITES: u32 = 60;
 
-/// Browsers, their systems and device classes: (browser, majors, system, system major, device,
-/// weight).
-const AGENTS: &[(&str, &[&str], &str, &str, &str, u32)] = &[
+/// A browser, its majors, its system and system major, its device class, and its weight.
+type Agent = (
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+    &'static str,
+    &'static str,
+    u32,
+);
+
+/// Browsers, their systems and device classes.
+const AGENTS: &[Agent] = &[
     (
         "Chrome",
         &["131", "130", "129"],
