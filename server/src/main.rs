@@ -73,6 +73,11 @@ enum Command {
         /// Pause after each batch, as a multiple of the time it held the database writer.
         #[arg(long, default_value_t = 2.0)]
         pause: f64,
+        /// A location database in MaxMind's format, as `tally serve --geoip` takes it: the
+        /// country (and region) of each log line's client address. Without it (and without
+        /// `geoip` in the config file) countries of imported lines are unknown.
+        #[arg(long, env = "TALLY_GEOIP")]
+        geoip: Option<PathBuf>,
         /// The file to import.
         input: PathBuf,
     },
@@ -255,6 +260,7 @@ fn main() -> anyhow::Result<()> {
                 reject,
                 batch,
                 pause,
+                geoip,
                 input,
             } => {
                 let store = tally::open_store(&config).await?;
@@ -268,11 +274,6 @@ fn main() -> anyhow::Result<()> {
                     name.push(".rejects");
                     PathBuf::from(name)
                 });
-                let raw_before_ms = (config.retention_days > 0).then(|| {
-                    jiff::Timestamp::now()
-                        .as_millisecond()
-                        .saturating_sub(i64::from(config.retention_days) * 86_400_000)
-                });
                 let job = tally::ops::import::ImportJob {
                     format,
                     site,
@@ -281,7 +282,9 @@ fn main() -> anyhow::Result<()> {
                     reject: reject.clone(),
                     batch,
                     pause,
-                    raw_before_ms,
+                    // Every event is kept raw until its day is sealed (`settle`).
+                    raw_before_ms: None,
+                    geoip: geoip.or_else(|| config.geoip.clone()),
                 };
                 let started = std::time::Instant::now();
                 let r = tally::ops::import::run(store.as_ref(), &job).await?;
@@ -299,6 +302,13 @@ fn main() -> anyhow::Result<()> {
                         String::new()
                     }
                 );
+                if format.has_events() {
+                    let sealed =
+                        tally::ops::import::settle(store.clone(), jiff::Timestamp::now()).await?;
+                    if sealed > 0 {
+                        println!("sealed {sealed} finished days");
+                    }
+                }
                 Ok(())
             }
             Command::Export {
@@ -316,7 +326,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 let stdout = std::io::stdout();
                 let mut out = std::io::BufWriter::new(stdout.lock());
-                tally::ops::export::export(store.as_ref(), &id, range, format, what, &mut out)
+                tally::ops::export::export(store, &id, range, format, what, &mut out)
                     .await?;
                 Ok(())
             }

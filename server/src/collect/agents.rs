@@ -264,6 +264,18 @@ impl AgentParser {
         agent
     }
 
+    /// A browser name another tool wrote (GoatCounter's `Browser` column) as this parser
+    /// shows it: the name table's spelling (`Mobile Safari` → `Safari`), "Other" unknown.
+    pub fn browser_name(&self, name: &str) -> String {
+        shown(name.trim(), &self.names.browsers)
+    }
+
+    /// An operating system's name another tool wrote, as this parser shows it
+    /// (`Mac OS X` → `macOS`).
+    pub fn os_name(&self, name: &str) -> String {
+        shown(name.trim(), &self.names.systems)
+    }
+
     /// What `user_agent` says, always from the regexes.
     pub fn parse_uncached(&self, user_agent: &str) -> Agent {
         let (browser, system) = match &self.extractors {
@@ -329,7 +341,7 @@ fn shown(name: &str, table: &HashMap<String, String>) -> String {
 }
 
 /// A major version: ASCII digits, at most [`MAX_VERSION_DIGITS`]; anything else is unknown.
-fn major(version: &str) -> String {
+pub fn major(version: &str) -> String {
     if !version.is_empty()
         && version.len() <= MAX_VERSION_DIGITS
         && version.bytes().all(|b| b.is_ascii_digit())

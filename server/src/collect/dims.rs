@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::core::classify::View;
-use crate::core::dims::{AgentDims, classify_source, device_of_width};
+use crate::core::dims::{AgentDims, Campaign, classify_source, device_of_width};
 use crate::core::hit::HitKind;
 use crate::core::record::{Dims, Source};
 
@@ -57,6 +57,22 @@ impl Dimensions {
         self.geo.as_ref().is_some_and(Geo::is_dbip)
     }
 
+    /// The browser and OS parser (its name table is what imports spell names with).
+    pub fn agents(&self) -> &AgentParser {
+        &self.agents
+    }
+
+    /// The source names and categories (the channel rules of imported sources ask them).
+    pub fn sources(&self) -> &SourceList {
+        &self.sources
+    }
+
+    /// The source tuple (stored form) of a landing with `referrer` (already cleaned, `None`
+    /// for direct or internal navigation) and `campaign`.
+    pub fn source(&self, referrer: Option<&str>, campaign: &Campaign) -> String {
+        classify_source(referrer, campaign, &self.sources).encode()
+    }
+
     /// The agent tuple of a sender (stored form), for every record of its request.
     pub fn agent(&self, user_agent: &str, ip: IpAddr, screen_width: Option<u32>) -> Arc<str> {
         let a = self.agents.parse(user_agent);
@@ -90,7 +106,7 @@ impl Dimensions {
             return Dims::default();
         }
         Dims {
-            src: classify_source(view.referrer.as_deref(), &view.campaign, &self.sources).encode(),
+            src: self.source(view.referrer.as_deref(), &view.campaign),
             agent: self.agent(user_agent, ip, view.screen_width),
         }
     }

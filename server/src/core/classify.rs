@@ -142,8 +142,9 @@ impl View {
     }
 
     /// A line of an imported log or export (`tally import`): its event id made from the line
-    /// by the caller, no visitor id (the caller hashes the line's source), and the operator's
-    /// authority (dedupe keys are not scoped to a visitor).
+    /// by the caller, its referrer (cleaned as a live one) and the campaign tags of its
+    /// request, no visitor id (the caller hashes the line's source), no screen width (logs
+    /// have none), and the operator's authority (dedupe keys are not scoped to a visitor).
     pub fn imported(
         site: &SiteId,
         zone: &SiteZone,
@@ -151,6 +152,7 @@ impl View {
         page: PagePath,
         event_id: EventId,
         referrer: Option<String>,
+        campaign: Campaign,
     ) -> Self {
         Self {
             day: zone.day_of(event_id.time()),
@@ -160,7 +162,7 @@ impl View {
             page,
             event_id,
             referrer,
-            campaign: Campaign::default(),
+            campaign,
             screen_width: None,
             client_visitor: None,
             keyed: true,

@@ -189,7 +189,10 @@ pub fn referrer_host(referrer: &str) -> &str {
     rest.split('/').next().unwrap_or(rest)
 }
 
-fn clean_referrer(raw: &str, page_host: Option<&str>) -> Result<Option<String>, IdError> {
+/// A referrer as it is stored: origin and path only (query, fragment and credentials dropped),
+/// cut to [`MAX_REFERRER_BYTES`]; `None` when it points at `page_host` (internal navigation).
+/// An address that is not an absolute URL with a host part is an error.
+pub fn clean_referrer(raw: &str, page_host: Option<&str>) -> Result<Option<String>, IdError> {
     let mut url = url::Url::parse(raw).map_err(|_| IdError::Referrer)?;
     if url.cannot_be_a_base() {
         return Err(IdError::Referrer);

@@ -14,17 +14,20 @@
 //!   first to go. Dictionary entries stay under their own budget.
 //! - Dictionary rows (page paths, dimension tuples) never change once stored, so they are
 //!   kept until their budget is full.
+//! - Imported breakdowns are read per question, only when asked ([`Analytics::answer_with`])
+//!   and only where `store::merge::plan` says they answer it; they are never kept.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use jiff::civil::Date;
 
+use super::merge::{self, Imports};
 use super::{DIM_AGENT, DIM_SOURCE, OTHER_DIM, PartsWanted, SegmentSource, StoreError};
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
 use crate::core::ids::SiteId;
-use crate::core::query::{self, Answer, Evaluator, Invalid, Query};
+use crate::core::query::{self, Answer, Evaluator, Extra, Invalid, Query};
 use crate::core::segment::{self, Events, Segment};
 
 /// Default budget of kept segment parts, bytes.
@@ -168,7 +171,8 @@ impl Analytics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Answer each query over `site`'s local days `from..=to` in `zone`, from one index.
+    /// Answer each query over `site`'s local days `from..=to` in `zone`, from one index: the
+    /// counted events alone.
     pub async fn answer(
         &self,
         site: &SiteId,
@@ -177,12 +181,44 @@ impl Analytics {
         to: Date,
         queries: &[Query],
     ) -> Result<Vec<Answer>, AnalyticsError> {
+        let answers = self
+            .answer_with(site, zone, from, to, queries, false)
+            .await?;
+        Ok(answers.into_iter().map(|(a, _)| a).collect())
+    }
+
+    /// [`Analytics::answer`], with `imports`: each answer also includes the imported
+    /// breakdowns where they can answer its question (`store::imported`), and says whether
+    /// it did and what its reader should know.
+    pub async fn answer_with(
+        &self,
+        site: &SiteId,
+        zone: &SiteZone,
+        from: Date,
+        to: Date,
+        queries: &[Query],
+        imports: bool,
+    ) -> Result<Vec<(Answer, Imports)>, AnalyticsError> {
         for q in queries {
             q.check()?;
         }
+        let mut extras = Vec::with_capacity(queries.len());
+        let mut said = Vec::with_capacity(queries.len());
+        for q in queries {
+            let (extra, imports) = if imports {
+                merge::extras(&*self.source, site, from, to, q).await?
+            } else {
+                (Vec::new(), Imports::default())
+            };
+            extras.push(extra);
+            said.push(imports);
+        }
         for attempt in 1..=ATTEMPTS {
-            match self.try_answer(site, zone, from, to, queries).await? {
-                Ok(answers) => return Ok(answers),
+            match self
+                .try_answer(site, zone, from, to, queries, &extras)
+                .await?
+            {
+                Ok(answers) => return Ok(answers.into_iter().zip(said).collect()),
                 Err(Changed) if attempt < ATTEMPTS => continue,
                 Err(Changed) => break,
             }
@@ -200,6 +236,7 @@ impl Analytics {
         from: Date,
         to: Date,
         queries: &[Query],
+        extras: &[Vec<Extra>],
     ) -> Result<Result<Vec<Answer>, Changed>, AnalyticsError> {
         let mut evaluators = queries
             .iter()
@@ -248,6 +285,9 @@ impl Analytics {
             for e in &mut evaluators {
                 e.add(d.day, &d.seg, d.events.as_deref(), &*dict);
             }
+        }
+        for (e, extra) in evaluators.iter_mut().zip(extras) {
+            e.add_extra(extra)?;
         }
         Ok(Ok(evaluators.into_iter().map(Evaluator::finish).collect()))
     }

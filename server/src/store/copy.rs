@@ -19,8 +19,9 @@
 //!   of `events`). Visitor-set rows still in SQLite's journal are copied with their tables.
 //! - Every copied table's row count is checked against the count SQLite expects (a row whose
 //!   page is missing would otherwise vanish in a join): a difference rolls the copy back.
-//! - Imported daily aggregates (`source` 2, from SQLite's import) are copied as they are; both
-//!   backends read them as web numbers with summed visitors and never recount them.
+//! - Imported daily aggregates (`source` 2, from SQLite's import) and imported breakdowns
+//!   (`imported_dims`) are copied as they are; both backends read them with summed visitors
+//!   and never recount them.
 //! - The import ledger is copied too, so an import re-run against PostgreSQL after the copy
 //!   counts nothing twice.
 
@@ -168,6 +169,14 @@ pub const TABLES: &[Table] = &[
         cols: &[I64, I32, Text, I64],
         select: "SELECT site, day, host, views FROM referrer_counters",
         expect: "SELECT count(*) FROM referrer_counters",
+    },
+    Table {
+        pg: "imported_dims (site, dim, day, value, visitors, visits, pageviews, events, bounces, \
+             visit_duration)",
+        cols: &[I64, Text, I32, Text, I64, I64, I64, I64, I64, I64],
+        select: "SELECT site, dim, day, value, visitors, visits, pageviews, events, bounces, \
+                 visit_duration FROM imported_dims",
+        expect: "SELECT count(*) FROM imported_dims",
     },
     Table {
         pg: "bases (site, scope, views, visitors)",

@@ -39,6 +39,8 @@ pub mod analytics;
 pub mod copy;
 pub(crate) mod daypages;
 pub(crate) mod daysets;
+pub mod imported;
+pub mod merge;
 pub mod postgres;
 pub mod sqlite;
 
@@ -434,6 +436,18 @@ pub trait SegmentSource: Send + Sync {
         day: Date,
         day_start_ms: i64,
     ) -> Result<bool, StoreError>;
+
+    /// The imported rows of `table` of `site` over the local days `from..=to`
+    /// ([`imported`]): one per day and value in (day, value) order, or with `by_day` false
+    /// one per value, summed over the range (its `day` is `from`), in value order.
+    async fn imported(
+        &self,
+        site: &SiteId,
+        table: imported::Table,
+        from: Date,
+        to: Date,
+        by_day: bool,
+    ) -> Result<Vec<imported::ImportedRow>, StoreError>;
 }
 
 /// A scheduled email report.
@@ -556,6 +570,10 @@ pub struct ImportOptions {
     /// Events before this instant (ms since the epoch) are counted without being kept raw
     /// (older than the raw-event retention); `None` keeps every raw event.
     pub raw_before_ms: Option<i64>,
+    /// The import's lease (ms since the epoch): raised in `meta.import_until_ms` by the
+    /// batch; until then [`Maintenance::prune`] removes no raw event, so a day the import
+    /// is still writing keeps every raw event until it is sealed whole.
+    pub lease_until_ms: Option<i64>,
 }
 
 /// One imported daily aggregate.
@@ -577,7 +595,10 @@ pub trait ImportSink: Send + Sync {
     /// even after retention pruned its raw events), and events older than
     /// [`ImportOptions::raw_before_ms`] are counted without being kept raw, the raw prune
     /// marker raised past them in the same transaction (so `verify` treats their rows like
-    /// rows whose raw events were pruned). One transaction; one outcome per record, in order.
+    /// rows whose raw events were pruned). A sealed day whose raw events were pruned keeps
+    /// its segment: records added to it are counted but are not in its breakdowns (its
+    /// segment could not be rebuilt whole). One transaction; one outcome per record, in
+    /// order.
     async fn import_events(
         &self,
         records: Vec<Record>,
@@ -589,6 +610,18 @@ pub trait ImportSink: Send + Sync {
     /// recompute each scope's all-time imported row. They add to the shown web numbers and
     /// are never recounted, like bases. One transaction; returns the rows written.
     async fn import_daily(&self, site: &SiteId, rows: Vec<DailyImport>) -> Result<u64, StoreError>;
+
+    /// Store imported breakdown rows of `site` ([`imported`]) in ONE transaction: first
+    /// every row of each (table, day) in `clear` is deleted, then each row is added to the
+    /// row of its (table, day, value), summed (so rows of one value from several lines add
+    /// up, and a re-run that clears each (table, day) it writes once sets the same numbers).
+    /// Returns the rows given. They are never recounted nor pruned, like bases.
+    async fn import_breakdowns(
+        &self,
+        site: &SiteId,
+        rows: Vec<imported::ImportedRow>,
+        clear: Vec<(imported::Table, Date)>,
+    ) -> Result<u64, StoreError>;
 }
 
 /// One day of one page (or the whole site) of a site.

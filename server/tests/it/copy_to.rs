@@ -12,6 +12,7 @@ use tally::core::hit::HitKind;
 use tally::core::ids::{DedupeKey, EventName, PagePath, SiteId, VisitorKey};
 use tally::core::record::{Outcome, Record, Source};
 use tally::store::copy::sqlite_to_postgres;
+use tally::store::imported::{ImportedRow, ImportedSums, Table, encode};
 use tally::store::sqlite::{DailyImport, SqliteStore, StoreOptions, SyncMode};
 use tally::store::{EventSink, ImportSink, Site, SiteStore, Store};
 use tally_wire::Numbers;
@@ -194,6 +195,18 @@ async fn everything(store: &dyn Store) -> String {
             store.filtered(&id, first, last).await.expect("filtered")
         );
     }
+    for table in Table::ALL {
+        for by_day in [false, true] {
+            let blog = SiteId::parse("blog").expect("id");
+            out += &format!(
+                "imported {table:?} {by_day} {:?}\n",
+                store
+                    .imported(&blog, table, first, last, by_day)
+                    .await
+                    .expect("imported")
+            );
+        }
+    }
     out += &format!(
         "salt {:?}\n",
         store.salt_for(days()[2], [0; 32]).await.expect("salt")
@@ -257,6 +270,32 @@ async fn fill_sqlite_only(sqlite: &SqliteStore, path: &std::path::Path) {
         )
         .await
         .expect("import daily");
+    let row = |table, day, value: &str, visitors| ImportedRow {
+        day,
+        table,
+        value: value.to_owned(),
+        sums: ImportedSums {
+            visitors,
+            visits: visitors + 1,
+            pageviews: visitors * 2,
+            bounces: 1,
+            visit_duration: 60,
+            ..ImportedSums::default()
+        },
+    };
+    let dec31 = date(2025, 12, 31);
+    sqlite
+        .import_breakdowns(
+            &blog,
+            vec![
+                row(Table::Visitors, dec31, "", 30),
+                row(Table::Browsers, dec31, &encode(&["Chrome", "131"]), 20),
+                row(Table::Browsers, dec31, &encode(&["Firefox", ""]), 10),
+            ],
+            vec![(Table::Browsers, dec31)],
+        )
+        .await
+        .expect("import breakdowns");
     let conn = rusqlite::Connection::open(path).expect("open");
     let added = conn
         .execute(
@@ -291,6 +330,7 @@ async fn a_copy_answers_and_counts_on_as_the_sqlite_file_did() {
     assert!(rows("events") > 50 && rows("visits") > 50 && rows("reach") > 20);
     assert_eq!(rows("event_keys"), 1, "the one dedupe key");
     assert_eq!(rows("salts"), 1);
+    assert_eq!(rows("imported_dims"), 3);
 
     let (sqlite_dyn, pg_dyn): (Arc<dyn Store>, Arc<dyn Store>) = (sqlite.clone(), Arc::new(pg));
     assert_same(

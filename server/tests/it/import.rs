@@ -16,7 +16,7 @@ use tokio::process::Command;
 
 use crate::support::{client, event_id_at, pageview};
 
-fn sample(name: &str) -> PathBuf {
+pub(crate) fn sample(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/import")
         .join(name)
@@ -24,23 +24,23 @@ fn sample(name: &str) -> PathBuf {
 
 /// Which database a test's commands run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
+pub(crate) enum Backend {
     Sqlite,
     Postgres,
 }
 
-struct Db {
+pub(crate) struct Db {
     _dir: tempfile::TempDir,
     /// The `--db` value: the SQLite file, or the URL of a fresh PostgreSQL schema.
-    path: PathBuf,
-    dir: PathBuf,
+    pub(crate) path: PathBuf,
+    pub(crate) dir: PathBuf,
     /// The PostgreSQL schema (dropped with this).
-    pg: Option<crate::store_conformance::postgres::Db>,
+    pub(crate) pg: Option<crate::store_conformance::postgres::Db>,
 }
 
 impl Db {
     /// A fresh SQLite database with site `blog` (UTC).
-    async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         Self::on(Backend::Sqlite)
             .await
             .expect("SQLite is always there")
@@ -48,7 +48,7 @@ impl Db {
 
     /// A fresh database on `backend` with site `blog` (UTC); `None` (the test skips, loudly)
     /// when the test PostgreSQL is not configured.
-    async fn on(backend: Backend) -> Option<Self> {
+    pub(crate) async fn on(backend: Backend) -> Option<Self> {
         let dir = tempfile::tempdir().expect("dir");
         let (path, pg) = match backend {
             Backend::Sqlite => (dir.path().join("tally.sqlite"), None),
@@ -70,7 +70,7 @@ impl Db {
         Some(db)
     }
 
-    fn backend(&self) -> Backend {
+    pub(crate) fn backend(&self) -> Backend {
         if self.pg.is_some() {
             Backend::Postgres
         } else {
@@ -78,7 +78,7 @@ impl Db {
         }
     }
 
-    fn cmd(&self, args: &[&str]) -> Command {
+    pub(crate) fn cmd(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tally"));
         cmd.env_remove("TALLY_DB")
             .env_remove("TALLY_CONFIG")
@@ -90,7 +90,7 @@ impl Db {
         cmd
     }
 
-    async fn run(&self, args: &[&str]) -> (bool, String) {
+    pub(crate) async fn run(&self, args: &[&str]) -> (bool, String) {
         let out = self.cmd(args).output().await.expect("run tally");
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
@@ -98,7 +98,7 @@ impl Db {
     }
 
     /// `tally import --format F --site blog FILE [extra]`, asserting success.
-    async fn import(&self, format: &str, file: &Path, extra: &[&str]) -> String {
+    pub(crate) async fn import(&self, format: &str, file: &Path, extra: &[&str]) -> String {
         let reject = self.dir.join(format!("{format}.rejects"));
         let mut args = vec![
             "import",
@@ -116,11 +116,11 @@ impl Db {
         text
     }
 
-    fn rejects(&self, format: &str) -> String {
+    pub(crate) fn rejects(&self, format: &str) -> String {
         std::fs::read_to_string(self.dir.join(format!("{format}.rejects"))).unwrap_or_default()
     }
 
-    async fn export(&self, args: &[&str]) -> String {
+    pub(crate) async fn export(&self, args: &[&str]) -> String {
         let mut all = vec!["export", "--site", "blog"];
         all.extend_from_slice(args);
         let (ok, text) = self.run(&all).await;
@@ -128,7 +128,7 @@ impl Db {
         text
     }
 
-    async fn store(&self) -> Arc<dyn Store> {
+    pub(crate) async fn store(&self) -> Arc<dyn Store> {
         match &self.pg {
             Some(pg) => Arc::new(pg.pg_store(1000).await),
             None => Arc::new(
@@ -145,17 +145,18 @@ impl Db {
         }
     }
 
-    async fn verify_clean(&self) {
+    pub(crate) async fn verify_clean(&self) {
         let (ok, text) = self.run(&["verify"]).await;
         assert!(ok && text.contains(" 0 drifted"), "{text}");
     }
 }
 
-fn blog() -> SiteId {
+pub(crate) fn blog() -> SiteId {
     SiteId::parse("blog").expect("site")
 }
 
-/// `on_both!(name)`: the test `name(db: Db)` as `name::sqlite` and `name::postgres`.
+/// `on_both!(name)`: the test `name(db: Db)` as `name::sqlite` and `name::postgres` (the
+/// module that uses it imports `Db` and `Backend`).
 macro_rules! on_both {
     ($name:ident) => {
         mod $name {
@@ -175,6 +176,7 @@ macro_rules! on_both {
         }
     };
 }
+pub(crate) use on_both;
 
 on_both!(combined_log_counts_page_views_rejects_the_rest_and_reimports_nothing);
 async fn combined_log_counts_page_views_rejects_the_rest_and_reimports_nothing(db: Db) {
@@ -207,7 +209,9 @@ async fn combined_log_counts_page_views_rejects_the_rest_and_reimports_nothing(d
         second.contains("imported 0, duplicates 4, rejected 6"),
         "{second}"
     );
-    // 2025 is older than the default raw retention (400 days): counted, not kept raw.
+    // 2025 is older than the default raw retention (400 days): its days are sealed at once,
+    // and a collector's retention removes the raw events later (the import keeps them).
+    assert!(first.contains("sealed 2 finished days"), "{first}");
     let daily = db.export(&[]).await;
     assert_eq!(
         daily,
@@ -218,10 +222,7 @@ async fn combined_log_counts_page_views_rejects_the_rest_and_reimports_nothing(d
          2025-03-03,*,1,1\n\
          2025-03-03,/about/,1,1\n"
     );
-    assert_eq!(
-        db.export(&["--what", "events"]).await,
-        "event_id,time,day,kind,page,name,source,referrer\n"
-    );
+    assert_eq!(db.export(&["--what", "events"]).await.lines().count(), 5);
     db.verify_clean().await;
 }
 
@@ -353,9 +354,11 @@ async fn goatcounter_export_imports_views_and_events(db: Db) {
 
 on_both!(plausible_zip_becomes_daily_numbers_and_the_daily_csv_round_trips);
 async fn plausible_zip_becomes_daily_numbers_and_the_daily_csv_round_trips(db: Db) {
+    // 9 rows: 6 of pages, 2 of daily totals, 1 of sources; the page without a slash is
+    // refused, the 8 others counted (two hostnames' rows of one page add up).
     let out = db.import("plausible", &sample("plausible.zip"), &[]).await;
     assert!(
-        out.contains("read 8 lines") && out.contains("imported 6"),
+        out.contains("read 9 lines") && out.contains("imported 8, duplicates 0, rejected 1"),
         "{out}"
     );
     assert!(

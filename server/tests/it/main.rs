@@ -19,6 +19,8 @@ mod events_api;
 mod filtered;
 mod hits;
 mod import;
+mod import_dims;
+mod import_plausible;
 mod metrics;
 mod migration_fixture;
 mod multi_collector;

@@ -7,6 +7,10 @@
 //! all. Distinct visitors are exact: per row, the visitor numbers of a day (which come in
 //! ascending order, visits being sorted by visitor) are gathered and merged into the row's
 //! bitmap once per day.
+//!
+//! Sums kept without visitor ids (imported daily aggregates, [`Extra`]) can be added to the
+//! rows: their visitors are added as numbers (never merged into the bitmaps), their visits,
+//! bounces and durations as the sums they are, so every ratio stays exact over both.
 
 use std::collections::HashMap;
 
@@ -18,6 +22,10 @@ use super::{Dimension, Grain, Invalid, Metric, OrderKey, Query};
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
 use crate::core::segment::{Events, Segment};
+
+mod extra;
+
+pub use extra::{Extra, Sums};
 
 /// What the evaluator needs to know of stored ids.
 pub trait Dictionary {
@@ -70,6 +78,8 @@ struct Acc {
     visitors: RoaringBitmap,
     /// This day's visitors not yet in `visitors`, ascending.
     fresh: Vec<u32>,
+    /// Visitors of [`Extra`]s, summed.
+    extra_visitors: u64,
     visits: u64,
     pageviews: u64,
     events: u64,
@@ -197,6 +207,8 @@ pub struct Evaluator<'q> {
     dirty: Vec<usize>,
     /// This visit's event contributions per row: (row, engaged ms, engaged?, scroll max + 1).
     touched: Vec<(usize, u64, bool, u32)>,
+    /// Visitors of the [`Extra`]s added.
+    extra_total: u64,
 }
 
 impl<'q> Evaluator<'q> {
@@ -235,6 +247,7 @@ impl<'q> Evaluator<'q> {
             key: vec![0; dims.len()],
             dirty: Vec::new(),
             touched: Vec::new(),
+            extra_total: 0,
         })
     }
 
@@ -421,13 +434,28 @@ impl<'q> Evaluator<'q> {
         }
     }
 
+    /// Add sums without visitor ids to the rows their values (and day) name. The caller hands
+    /// only extras that pass the query's filters, each with one value per non-time dimension;
+    /// one with the wrong number of values is an [`Invalid`].
+    pub fn add_extra(&mut self, extra: &[Extra]) -> Result<(), Invalid> {
+        self.extra_total += extra::add(
+            extra,
+            &self.slots,
+            &mut self.key,
+            &mut self.values,
+            &mut self.rows,
+            self.from,
+        )?;
+        Ok(())
+    }
+
     /// The answer.
     pub fn finish(self) -> Answer {
         finish(
             self.query,
             self.rows,
             self.values,
-            self.total.len(),
+            self.total.len() + self.extra_total,
             self.from,
             self.to,
         )
@@ -457,10 +485,24 @@ pub fn run(
     segments: &[Day<'_>],
     dict: &dyn Dictionary,
 ) -> Result<Answer, Invalid> {
+    run_with(query, from, to, zone, segments, dict, &[])
+}
+
+/// [`run`], with `extra` sums added (see [`Evaluator::add_extra`]).
+pub fn run_with(
+    query: &Query,
+    from: Date,
+    to: Date,
+    zone: &SiteZone,
+    segments: &[Day<'_>],
+    dict: &dyn Dictionary,
+    extra: &[Extra],
+) -> Result<Answer, Invalid> {
     let mut e = Evaluator::new(query, from, to, zone)?;
     for (day, seg, events) in segments {
         e.add(*day, seg, *events, dict);
     }
+    e.add_extra(extra)?;
     Ok(e.finish())
 }
 
@@ -489,7 +531,7 @@ fn finish(
         .accs
         .iter()
         .enumerate()
-        .filter(|(_, a)| a.visits > 0 || a.events > 0 || a.whole_visits > 0)
+        .filter(|(_, a)| a.visits > 0 || a.events > 0 || a.whole_visits > 0 || a.extra_visitors > 0)
         .map(|(i, a)| {
             let metrics = query
                 .metrics
@@ -624,7 +666,7 @@ fn labels(grain: Grain, from: Date, to: Date) -> Vec<String> {
 fn metric(m: Metric, a: &Acc, total_visitors: u64) -> Value {
     let round = |x: f64| Value::Int(x.round() as u64);
     match m {
-        Metric::Visitors => Value::Int(a.visitors.len()),
+        Metric::Visitors => Value::Int(a.visitors.len() + a.extra_visitors),
         Metric::Visits => Value::Int(a.visits),
         Metric::Pageviews => Value::Int(a.pageviews),
         Metric::Events => Value::Int(a.events),
@@ -640,7 +682,7 @@ fn metric(m: Metric, a: &Acc, total_visitors: u64) -> Value {
         }
         Metric::ScrollDepth => ratio(a.scroll_sum, a.scroll_visits).map_or(Value::Null, round),
         Metric::Percentage => Value::Float(
-            ratio(a.visitors.len() * 100, total_visitors)
+            ratio((a.visitors.len() + a.extra_visitors) * 100, total_visitors)
                 .map_or(0.0, |x| (x * 10.0).round() / 10.0),
         ),
     }

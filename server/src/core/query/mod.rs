@@ -29,7 +29,9 @@
 mod eval;
 mod local;
 
-pub use eval::{Answer, Day, Dictionary, Evaluator, Row, Value, order_of, run};
+pub use eval::{
+    Answer, Day, Dictionary, Evaluator, Extra, Row, Sums, Value, order_of, run, run_with,
+};
 
 /// A metric that can be asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -393,3 +393,82 @@ fn hours_are_local_and_pagination_counts_all_rows() {
     assert_eq!(a.total_rows, 2);
     assert_eq!(a.rows[0].dimensions, vec!["1970-01-01 02:00:00".to_owned()]);
 }
+
+#[test]
+fn extras_add_their_sums_and_keep_every_ratio_exact() {
+    use Metric::*;
+    let (seg, events) = day();
+    let q = Query {
+        metrics: vec![Visitors, Visits, BounceRate, VisitDuration, Percentage],
+        dimensions: vec![
+            Dimension::Time(Grain::Day),
+            Dimension::Visit(VisitDim::Browser),
+        ],
+        filters: Vec::new(),
+        order_by: Vec::new(),
+        limit: 100,
+        offset: 0,
+    };
+    let before = date(2026, 3, 1);
+    let extra = |day, browser: &str, visitors, visits, bounces, duration_s| Extra {
+        day: Some(day),
+        values: vec![browser.to_owned()],
+        sums: Sums {
+            visitors,
+            visits,
+            pageviews: visits,
+            events: visits,
+            whole_visits: visits,
+            whole_pageviews: visits,
+            bounces,
+            duration_s,
+        },
+    };
+    let extras = [
+        // The day before: only imported numbers.
+        extra(before, "Safari", 10, 12, 6, 1200),
+        // The live day: Firefox has 1 visitor, 2 visits (1 bounce, 300 s); 3 imported
+        // visitors with 2 visits (2 bounces, 0 s) make 4 visitors, 4 visits, 75 %, 75 s.
+        extra(DAY, "Firefox", 3, 2, 2, 0),
+    ];
+    let a = run_with(
+        &q,
+        before,
+        DAY,
+        &SiteZone::utc(),
+        &[(DAY, &seg, Some(&events))],
+        &dict(),
+        &extras,
+    )
+    .expect("answers");
+    let got: Vec<(Vec<String>, Vec<u64>)> = a
+        .rows
+        .iter()
+        .map(|r| (r.dimensions.clone(), ints(r)[..4].to_vec()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                vec!["2026-03-01".into(), "Safari".into()],
+                vec![10, 12, 50, 100]
+            ),
+            (
+                vec!["2026-03-02".into(), "Firefox".into()],
+                vec![4, 4, 75, 75]
+            ),
+            (
+                vec!["2026-03-02".into(), "Chrome".into()],
+                vec![2, 2, 50, 30]
+            ),
+        ]
+    );
+    // Percentages are of every visitor, live and imported: 3 distinct live visitors and 13
+    // imported ones make 16; Safari has 10 of them.
+    assert_eq!(a.rows[0].metrics[4], Value::Float(62.5));
+    let wrong = [Extra {
+        values: Vec::new(),
+        ..extras[0].clone()
+    }];
+    assert!(run_with(&q, before, DAY, &SiteZone::utc(), &[], &dict(), &wrong).is_err());
+}

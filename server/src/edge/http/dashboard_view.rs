@@ -129,7 +129,14 @@ pub(super) struct Visits {
     pub chips: Vec<Chip>,
     /// This view as CSV.
     pub csv_href: String,
+    /// Said when an imported export's numbers are part of what is shown.
+    pub imports_note: Option<String>,
 }
+
+/// What the page says when it shows imported numbers.
+const IMPORTS_NOTE: &str = "Includes imported data: its visitors are summed per day and row \
+     (an export has no visitor ids), and panels it cannot break down (or filters it cannot \
+     apply) show counted visits only.";
 
 /// One panel's question and how its rows are shown.
 struct PanelSpec {
@@ -445,15 +452,32 @@ pub(super) async fn visits(
         }
         questions.push(query(p.metrics, vec![p.dimension], f, ROWS));
     }
-    let answers = state
+    // Imported breakdowns are included wherever they answer a panel, as Plausible's
+    // dashboard does (a few indexed reads per view).
+    let answered = state
         .analytics
-        .answer(&site.id, &site.zone, range.from, range.to, &questions)
+        .answer_with(&site.id, &site.zone, range.from, range.to, &questions, true)
         .await?;
+    let imports_note = answered
+        .iter()
+        .any(|(_, i)| i.included)
+        .then(|| IMPORTS_NOTE.to_owned());
+    let answers: Vec<Answer> = answered.into_iter().map(|(a, _)| a).collect();
     let prior = before(range);
-    let earlier = state
+    let earlier: Vec<Answer> = state
         .analytics
-        .answer(&site.id, &site.zone, prior.from, prior.to, &questions[..1])
-        .await?;
+        .answer_with(
+            &site.id,
+            &site.zone,
+            prior.from,
+            prior.to,
+            &questions[..1],
+            true,
+        )
+        .await?
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect();
     let totals = answers[0]
         .rows
         .first()
@@ -528,6 +552,7 @@ pub(super) async fn visits(
         sections,
         chips,
         csv_href: address(&csv, filters),
+        imports_note,
     })
 }
 

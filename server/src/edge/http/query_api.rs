@@ -82,7 +82,10 @@ pub(super) struct Include {
     /// The number of rows before pagination in `meta.total_rows`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     total_rows: bool,
-    /// Accepted for compatibility: imported daily aggregates are not merged into answers.
+    /// Include imported breakdowns (Plausible's CSV export) where they can answer the
+    /// question: no filter, or filters only on the dimensions broken down by, all of one
+    /// imported table; never in hourly buckets. `meta.imports_included` says whether they
+    /// were, `meta.imports_warning` what to know (imported visitors are summed per day).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     imports: bool,
 }
@@ -413,22 +416,25 @@ async fn query(
     let (query, range) = understand(&req, &site, now, first)?;
     let answers = state
         .analytics
-        .answer(
+        .answer_with(
             &site.id,
             &site.zone,
             range.from,
             range.to,
             std::slice::from_ref(&query),
+            req.include.imports,
         )
         .await?;
-    let answer = answers
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| crate::core::query::Answer {
-            rows: Vec::new(),
-            total_rows: 0,
-            time_labels: Vec::new(),
-        });
+    let (answer, imports) = answers.into_iter().next().unwrap_or_else(|| {
+        (
+            crate::core::query::Answer {
+                rows: Vec::new(),
+                total_rows: 0,
+                time_labels: Vec::new(),
+            },
+            Default::default(),
+        )
+    });
     let mut meta = serde_json::Map::new();
     if req.include.time_labels {
         meta.insert("time_labels".into(), json!(answer.time_labels));
@@ -437,7 +443,10 @@ async fn query(
         meta.insert("total_rows".into(), json!(answer.total_rows));
     }
     if req.include.imports {
-        meta.insert("imports_included".into(), json!(false));
+        meta.insert("imports_included".into(), json!(imports.included));
+        if let Some(warning) = imports.warning {
+            meta.insert("imports_warning".into(), json!(warning));
+        }
     }
     let (start, end) = site.zone.span(range.from, range.to);
     let end = end

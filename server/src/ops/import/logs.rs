@@ -82,6 +82,8 @@ pub(super) fn combined(line: &str) -> Result<Parsed, String> {
         client: client.to_owned(),
         host,
         event: false,
+        campaign: None,
+        stated: None,
     })
 }
 
@@ -127,6 +129,8 @@ pub(super) fn caddy(line: &str) -> Result<Parsed, String> {
             .unwrap_or_default(),
         host: text(req, "host"),
         event: false,
+        campaign: None,
+        stated: None,
     })
 }
 

@@ -9,10 +9,16 @@
 //! - Idempotent: an event's id is a UUIDv7 whose time is the line's time and whose 80 random
 //!   bits are a hash of the site, the line's bytes and how many identical lines came before
 //!   it in the same second; the store's import ledger refuses an id twice. Aggregates (bases,
-//!   daily rows) replace the row they address, so a re-run sets the same numbers.
-//! - Old events are allowed (the 72 h window guards the live API only); events older than the
-//!   raw-event retention are counted into daily counters and visitor sets without being kept
-//!   raw (see `store::ImportSink`).
+//!   daily rows, breakdown days) replace what they address, so a re-run sets the same numbers.
+//! - Old events are allowed (the 72 h window guards the live API only). They are stored raw
+//!   like live ones, with the dimensions a live hit gets (`records`); [`settle`] then seals
+//!   their finished days into segments, as a serving collector does, whose retention removes
+//!   the raw events later (never while an import holds its lease, [`LEASE`] after its last
+//!   batch). A day whose raw events were pruned already keeps its segment: lines added to
+//!   it are counted, not broken down. (`raw_before_ms` still lets a caller count old events
+//!   without keeping them raw, see `store::ImportSink`; such events are in no segment.)
+//! - Aggregates (Plausible's zip) are daily numbers, never events: kept as imported daily
+//!   counters and breakdowns (`plausible`, `store::imported`).
 //! - The low-priority lane: records are committed in small batches (`batch`, default 50)
 //!   through the store's one writer connection, and after each batch the import pauses for
 //!   `pause` (default 2) × the time the batch held the writer, so a `tally serve` on the same
@@ -23,31 +29,34 @@
 //!   A day split across two runs may count its visitors twice; its views never.
 //! - Progress: a bar on stderr with rate and ETA when stderr is a terminal, nothing otherwise.
 //! - Bounded whatever the input: files and zip entries are read as streams of lines of at most
-//!   [`MAX_LINE_BYTES`] (a longer line is rejected as `line longer than …` and skipped as it is
-//!   read); the reject file holds at most [`MAX_REJECT_BYTES`], each line cut to
+//!   [`lines::MAX_LINE_BYTES`] (a longer line is rejected as `line longer than …` and skipped
+//!   as it is read); the reject file holds at most [`MAX_REJECT_BYTES`], each line cut to
 //!   [`REJECT_LINE_BYTES`], and its last line counts what was not written; a time before 1970
 //!   or more than a day ahead rejects its line; counts are capped per row (see [`tables`]).
 //!   Memory stays in the tens of megabytes for any file (a 256 MB line: 31 MiB peak).
 
+mod goat;
+mod lines;
 mod logs;
+mod plausible;
+mod records;
 mod tables;
 
-use std::collections::HashMap;
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use jiff::Timestamp;
 
-use crate::collect::bots::BotFilter;
-use crate::core::classify::View;
-use crate::core::filtered::Reason;
-use crate::core::hit::HitKind;
-use crate::core::ids::{EventId, EventName, PagePath, VisitorKey};
+pub(crate) use lines::{LineCapped, Rejects, TOO_LONG};
+pub use lines::{MAX_REJECT_BYTES, REJECT_LINE_BYTES};
+
+use crate::core::dims::Campaign;
 use crate::core::record::{Outcome, Record};
 use crate::core::site::Site;
 use crate::store::{ImportOptions, Store};
+use records::RecordMaker;
 
 /// Input formats of `tally import`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -58,12 +67,21 @@ pub enum Format {
     Caddy,
     /// GoatCounter's CSV export (version 2).
     Goatcounter,
-    /// Plausible's CSV export (the zip of `imported_*.csv`), as daily numbers per page.
+    /// Plausible's CSV export (the zip of `imported_*.csv`): daily numbers per page, and the
+    /// daily breakdowns (sources, pages, entry and exit pages, locations, devices, browsers,
+    /// operating systems, custom events).
     Plausible,
     /// `page,views[,visitors]` rows (`*` or empty page = the whole site) into the bases.
     Bases,
     /// Tally's own daily export (`tally export --format csv --what daily`).
     TallyCsv,
+}
+
+impl Format {
+    /// Whether the input's lines become events (raw rows, visits), not aggregates.
+    pub fn has_events(self) -> bool {
+        matches!(self, Format::Combined | Format::Caddy | Format::Goatcounter)
+    }
 }
 
 /// One import.
@@ -81,8 +99,11 @@ pub struct ImportJob {
     pub batch: usize,
     /// Pause after each batch, as a multiple of the time the batch took (the lane's share).
     pub pause: f64,
-    /// Events before this instant are counted without keeping them raw.
+    /// Events before this instant are counted without keeping them raw (`None`: every
+    /// event is kept raw, and `settle` seals its days before retention prunes it).
     pub raw_before_ms: Option<i64>,
+    /// The location database (`--geoip`): the country of each log line's client address.
+    pub geoip: Option<PathBuf>,
 }
 
 /// What an import did.
@@ -90,7 +111,7 @@ pub struct ImportJob {
 pub struct ImportReport {
     /// Lines or rows read (headers excluded).
     pub lines: u64,
-    /// Counted (events) or written (aggregate rows).
+    /// Counted (events, aggregate rows).
     pub imported: u64,
     /// Counted by an earlier run already.
     pub duplicates: u64,
@@ -110,6 +131,11 @@ pub(crate) struct Parsed {
     pub client: String,
     pub host: Option<String>,
     pub event: bool,
+    /// The campaign tags the input states (GoatCounter); `None`: read from the path's query.
+    pub campaign: Option<Campaign>,
+    /// What the input states of browser, system, screen and location (GoatCounter's
+    /// columns); `None`: read from the user agent and the client address (logs).
+    pub stated: Option<goat::Stated>,
 }
 
 /// Files served that are not pages.
@@ -151,164 +177,6 @@ fn is_asset(path: &str) -> bool {
         .is_some_and(|(_, ext)| ASSETS.contains(&ext.to_ascii_lowercase().as_str()))
 }
 
-/// Longest input line read; a longer one is rejected with its line number (`line too long`)
-/// and its bytes are skipped as they are read, never kept.
-pub(crate) const MAX_LINE_BYTES: usize = 64 * 1024;
-/// The line a [`LineCapped`] reader gives in place of a longer one (a NUL starts no real row).
-pub(crate) const TOO_LONG: &str = "\0tally: line too long";
-/// Most bytes written to the reject file; rejects beyond are counted, and the file's last line
-/// says how many were not written.
-pub const MAX_REJECT_BYTES: u64 = 16 * 1024 * 1024;
-/// Most bytes of one rejected line copied into the reject file.
-pub const REJECT_LINE_BYTES: usize = 512;
-
-/// A reader that passes lines of at most [`MAX_LINE_BYTES`] through and gives [`TOO_LONG`]
-/// (one line, so line numbers stay right) for a longer one, whose bytes it reads and drops:
-/// whatever the input, no line costs more memory than the cap.
-pub(crate) struct LineCapped<R> {
-    inner: R,
-    line: Vec<u8>,
-    at: usize,
-}
-
-impl<R: BufRead> LineCapped<R> {
-    pub fn new(inner: R) -> Self {
-        Self {
-            inner,
-            line: Vec::new(),
-            at: 0,
-        }
-    }
-
-    /// Read the next line into `self.line` (empty at the end of the input).
-    fn next_line(&mut self) -> std::io::Result<()> {
-        self.line.clear();
-        self.at = 0;
-        let mut too_long = false;
-        loop {
-            let chunk = self.inner.fill_buf()?;
-            if chunk.is_empty() {
-                break;
-            }
-            let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
-                Some(i) => (i + 1, true),
-                None => (chunk.len(), false),
-            };
-            if !too_long {
-                if self.line.len() + take > MAX_LINE_BYTES + 1 {
-                    too_long = true;
-                    self.line.clear();
-                } else {
-                    self.line.extend_from_slice(&chunk[..take]);
-                }
-            }
-            self.inner.consume(take);
-            if done {
-                break;
-            }
-        }
-        if too_long {
-            self.line.clear();
-            self.line.extend_from_slice(TOO_LONG.as_bytes());
-            self.line.push(b'\n');
-        }
-        Ok(())
-    }
-}
-
-impl<R: BufRead> std::io::Read for LineCapped<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.at >= self.line.len() {
-            self.next_line()?;
-        }
-        let n = buf.len().min(self.line.len() - self.at);
-        buf[..n].copy_from_slice(&self.line[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
-impl<R: BufRead> BufRead for LineCapped<R> {
-    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
-        if self.at >= self.line.len() {
-            self.next_line()?;
-        }
-        Ok(&self.line[self.at..])
-    }
-
-    fn consume(&mut self, amount: usize) {
-        self.at = (self.at + amount).min(self.line.len());
-    }
-}
-
-/// The reject file, opened on the first rejected line; at most [`MAX_REJECT_BYTES`].
-pub(crate) struct Rejects {
-    path: PathBuf,
-    file: Option<std::io::BufWriter<std::fs::File>>,
-    /// Bytes written so far.
-    written: u64,
-    /// Rejected lines not written (the file was full).
-    unwritten: u64,
-    pub count: u64,
-}
-
-impl Rejects {
-    fn new(path: PathBuf) -> Self {
-        Self {
-            path,
-            file: None,
-            written: 0,
-            unwritten: 0,
-            count: 0,
-        }
-    }
-
-    pub(crate) fn write(&mut self, line_no: u64, reason: &str, line: &str) -> anyhow::Result<()> {
-        self.count += 1;
-        if self.file.is_none() {
-            let f = std::fs::File::create(&self.path)
-                .with_context(|| format!("cannot create {}", self.path.display()))?;
-            self.file = Some(std::io::BufWriter::new(f));
-        }
-        let (reason, line) = if line.trim_end() == TOO_LONG {
-            (format!("line longer than {MAX_LINE_BYTES} bytes"), "")
-        } else {
-            (reason.to_owned(), line)
-        };
-        let line = line.trim_end_matches(['\r', '\n']);
-        let cut = crate::core::ids::truncate(line, REJECT_LINE_BYTES);
-        let more = if cut.len() < line.len() { " …" } else { "" };
-        let text = format!(
-            "{line_no}\t{reason}\t{}{more}\n",
-            cut.replace(['\t', '\0'], " ")
-        );
-        if self.written + text.len() as u64 > MAX_REJECT_BYTES {
-            self.unwritten += 1;
-            return Ok(());
-        }
-        if let Some(f) = &mut self.file {
-            f.write_all(text.as_bytes())?;
-            self.written += text.len() as u64;
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self) -> anyhow::Result<()> {
-        if let Some(f) = &mut self.file {
-            if self.unwritten > 0 {
-                writeln!(
-                    f,
-                    "-\tnot written\t{} more rejected lines (the reject file stops at {} MiB)",
-                    self.unwritten,
-                    MAX_REJECT_BYTES / (1024 * 1024)
-                )?;
-            }
-            f.flush()?;
-        }
-        Ok(())
-    }
-}
-
 fn progress(total: u64) -> indicatif::ProgressBar {
     if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
@@ -331,13 +199,29 @@ pub async fn run(store: &dyn Store, job: &ImportJob) -> anyhow::Result<ImportRep
         }
         Format::Bases => tables::bases(store, job, &mut rejects).await?,
         Format::TallyCsv => tables::tally_csv(store, job, &mut rejects).await?,
-        Format::Plausible => tables::plausible(store, job, &mut rejects).await?,
+        Format::Plausible => plausible::run(store, job, &mut rejects).await?,
     };
     rejects.finish()?;
     Ok(ImportReport {
         rejected: rejects.count,
         ..report
     })
+}
+
+/// How long retention waits after an import's last batch ([`ImportOptions::lease_until_ms`]).
+pub const LEASE: Duration = Duration::from_secs(600);
+
+/// After an import of events: seal the finished days of every site as `tally serve` does
+/// (`collect::seal`: a day over for an hour at `now`), so the imported days are answered
+/// from their segments at once. Raw events stay: a serving
+/// collector removes those past the retention once its own pass has sealed every day (and
+/// [`LEASE`] after the import's last batch). Returns the days sealed.
+pub async fn settle(store: std::sync::Arc<dyn Store>, now: Timestamp) -> anyhow::Result<u64> {
+    let sealer = crate::collect::seal::Sealer {
+        sites: store.clone(),
+        segments: store,
+    };
+    Ok(sealer.pass(now, u64::MAX).await?.sealed)
 }
 
 /// Batches records into the store through the low-priority lane.
@@ -356,6 +240,7 @@ impl<'a> Lane<'a> {
             store,
             options: ImportOptions {
                 raw_before_ms: job.raw_before_ms,
+                lease_until_ms: None,
             },
             batch: job.batch.max(1),
             pause: job.pause.max(0.0),
@@ -378,6 +263,12 @@ impl<'a> Lane<'a> {
         }
         let records = std::mem::take(&mut self.pending);
         let started = Instant::now();
+        // Retention waits while this import writes (and a lease's length after).
+        self.options.lease_until_ms = Some(
+            Timestamp::now()
+                .as_millisecond()
+                .saturating_add(LEASE.as_millis() as i64),
+        );
         let outcomes = self.store.import_events(records, self.options).await?;
         for o in outcomes {
             match o {
@@ -400,108 +291,6 @@ pub(crate) async fn pace(started: Instant, pause: f64) {
     tokio::task::yield_now().await;
 }
 
-/// Makes records of parsed lines: ids, visitor keys, days.
-struct RecordMaker {
-    site: Site,
-    key: [u8; 32],
-    /// Identical lines seen in the current second (their hash → how many).
-    second: i64,
-    /// The latest time a line may have (a day from the start of the run), read once.
-    latest: Timestamp,
-    seen: HashMap<[u8; 32], u32>,
-    /// The collector's bot filter (its verdicts cached: logs repeat few agents).
-    bots: BotFilter,
-}
-
-impl RecordMaker {
-    fn new(site: Site) -> Self {
-        Self {
-            site,
-            key: crate::collect::secrets::random_bytes::<32>(),
-            second: i64::MIN,
-            latest: Timestamp::now() + jiff::SignedDuration::from_hours(24),
-            seen: HashMap::new(),
-            bots: BotFilter::bundled(),
-        }
-    }
-
-    /// Why a line's view is not counted, judged as the collector judges a hit
-    /// ([`BotFilter::reason`]: empty agents, and listed bots other than image proxies).
-    fn filter_reason(&self, user_agent: &str) -> Option<&'static str> {
-        self.bots.reason(user_agent).map(|reason| match reason {
-            Reason::EmptyUserAgent => "no user agent",
-            _ => "bot",
-        })
-    }
-
-    fn make(&mut self, p: &Parsed, line: &str) -> Result<Record, String> {
-        let kind = if p.event {
-            HitKind::Event {
-                name: EventName::parse(p.path.trim_start_matches('/'))
-                    .map_err(|e| format!("event name: {e}"))?,
-                dedupe: None,
-            }
-        } else {
-            HitKind::Pageview
-        };
-        let page = if p.event {
-            PagePath::root()
-        } else {
-            PagePath::parse(&p.path).map_err(|_| format!("path {:?} is not a page path", p.path))?
-        };
-        if p.at < Timestamp::UNIX_EPOCH {
-            return Err(format!("time {} is before 1970", p.at));
-        }
-        if p.at > self.latest {
-            return Err(format!("time {} is in the future", p.at));
-        }
-        let sec = p.at.as_second();
-        if sec != self.second {
-            self.second = sec;
-            self.seen.clear();
-        }
-        let mut h = blake3::Hasher::new();
-        h.update(self.site.id.as_str().as_bytes());
-        h.update(&[0]);
-        h.update(line.trim_end_matches(['\r', '\n']).as_bytes());
-        let line_hash = *h.finalize().as_bytes();
-        let nth = self.seen.entry(line_hash).or_default();
-        *nth += 1;
-        let mut h = blake3::Hasher::new();
-        h.update(&line_hash);
-        h.update(&nth.to_le_bytes());
-        let mut random = [0u8; 10];
-        random.copy_from_slice(&h.finalize().as_bytes()[..10]);
-        let mut v = blake3::Hasher::new_keyed(&self.key);
-        for part in [
-            self.site.id.as_str(),
-            &sec.div_euclid(86_400).to_string(),
-            &p.client,
-            &p.user_agent,
-        ] {
-            v.update(part.as_bytes());
-            v.update(&[0]);
-        }
-        let mut visitor = [0u8; 16];
-        visitor.copy_from_slice(&v.finalize().as_bytes()[..16]);
-        let referrer = p
-            .referrer
-            .as_deref()
-            .filter(|r| !r.is_empty() && *r != "-")
-            .and_then(|r| url::Url::parse(r).ok())
-            .map(|u| crate::core::ids::cap_path(u.as_str(), 1024).to_owned());
-        let view = View::imported(
-            &self.site.id,
-            &self.site.zone,
-            kind,
-            page,
-            EventId::new_at(p.at, random),
-            referrer,
-        );
-        Ok(view.into_record(VisitorKey(visitor), Default::default()))
-    }
-}
-
 /// Log lines and GoatCounter rows: one event per line.
 async fn events(
     store: &dyn Store,
@@ -513,14 +302,16 @@ async fn events(
     let total = file.metadata().map(|m| m.len()).unwrap_or(0);
     let bar = progress(total);
     let mut lane = Lane::new(store, job);
-    let mut maker = RecordMaker::new(job.site.clone());
+    let dims = crate::collect::dims::Dimensions::new(job.geoip.as_deref())
+        .with_context(|| "cannot read the location database (--geoip)")?;
+    let mut maker = RecordMaker::new(job.site.clone(), job.host.as_deref(), dims);
     let mut lines = 0u64;
     let started = Instant::now();
     if job.format == Format::Goatcounter {
         let mut reader = csv::ReaderBuilder::new()
             .flexible(true)
             .from_reader(LineCapped::new(std::io::BufReader::new(file)));
-        let columns = tables::goatcounter_columns(reader.headers()?)?;
+        let columns = goat::columns(reader.headers()?)?;
         let mut record = csv::StringRecord::new();
         loop {
             let line_no = reader.position().line();

@@ -23,6 +23,7 @@
 //! their send leases and the visits read.
 
 mod export;
+mod imported;
 mod intern;
 mod load;
 mod prune;
@@ -377,6 +378,21 @@ impl super::SegmentSource for PgStore {
         days.into_iter().map(num_day).collect()
     }
 
+    async fn imported(
+        &self,
+        site: &SiteId,
+        table: super::imported::Table,
+        from: Date,
+        to: Date,
+        by_day: bool,
+    ) -> Result<Vec<super::imported::ImportedRow>, StoreError> {
+        let days = (day_num(from), day_num(to));
+        retry("imported", || {
+            imported::read(self, site.as_str(), table, days, by_day)
+        })
+        .await
+    }
+
     async fn seal_day(
         &self,
         site: &SiteId,
@@ -409,6 +425,18 @@ impl ImportSink for PgStore {
     async fn import_daily(&self, site: &SiteId, rows: Vec<DailyImport>) -> Result<u64, StoreError> {
         retry("import_daily", || {
             write::import_daily(self, site.as_str(), &rows)
+        })
+        .await
+    }
+
+    async fn import_breakdowns(
+        &self,
+        site: &SiteId,
+        rows: Vec<super::imported::ImportedRow>,
+        clear: Vec<(super::imported::Table, Date)>,
+    ) -> Result<u64, StoreError> {
+        retry("import_breakdowns", || {
+            imported::write(self, site.as_str(), &rows, &clear)
         })
         .await
     }

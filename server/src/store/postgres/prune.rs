@@ -54,7 +54,8 @@ pub(super) async fn prune(
             .as_millisecond()
             .saturating_sub(i64::from(policy.raw_days) * 86_400_000);
         loop {
-            let n = retry("prune events", || prune_events(store, before_ms)).await?;
+            let now_ms = now.as_millisecond();
+            let n = retry("prune events", || prune_events(store, before_ms, now_ms)).await?;
             report.events += n;
             if n < CHUNK as u64 {
                 break;
@@ -97,10 +98,19 @@ pub(super) async fn prune(
     Ok(report)
 }
 
-async fn prune_events(store: &PgStore, before_ms: i64) -> Result<u64, Fail> {
+async fn prune_events(store: &PgStore, before_ms: i64, now_ms: i64) -> Result<u64, Fail> {
     let mut client = store.client().await?;
     let tx = client.transaction().await?;
     lock_out_repairs(&tx).await?;
+    // An import holding its lease (raised by each of its batches) keeps every raw event: a
+    // day it is still writing is sealed whole before its raw events go.
+    let lease = tx
+        .query_opt("SELECT value FROM meta WHERE key = 'import_until_ms'", &[])
+        .await?
+        .map(|r| r.get::<_, i64>(0));
+    if lease.is_some_and(|until| until > now_ms) {
+        return Ok(0);
+    }
     // Event ids are UUIDv7: "older than" is a key range.
     let n = tx
         .execute(

@@ -150,6 +150,14 @@ CREATE TABLE segments (
     visits BYTEA NOT NULL, events BYTEA NOT NULL, PRIMARY KEY (site, day)
 );
 CREATE SEQUENCE segment_versions;
+-- Imported breakdowns (`store::imported`): another tool's daily numbers per site, table
+-- (`dim`), local day and value tuple; set by `tally import`, never recounted nor pruned.
+CREATE TABLE imported_dims (
+    site BIGINT NOT NULL, dim TEXT NOT NULL, day INTEGER NOT NULL, value TEXT NOT NULL,
+    visitors BIGINT NOT NULL, visits BIGINT NOT NULL, pageviews BIGINT NOT NULL,
+    events BIGINT NOT NULL, bounces BIGINT NOT NULL, visit_duration BIGINT NOT NULL,
+    PRIMARY KEY (site, dim, day, value)
+);
 ",
 ];
 

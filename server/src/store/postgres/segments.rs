@@ -242,6 +242,18 @@ pub(super) async fn read_dictionary(
     Ok(out)
 }
 
+/// The first day all of whose raw events are still kept: days before it may have lost some
+/// to retention (`meta.pruned_before_ms`; a local day starts up to 26 h before its UTC date).
+async fn first_complete_day(client: &impl GenericClient) -> Result<i32, Fail> {
+    let pruned: Option<i64> = client
+        .query_opt("SELECT value FROM meta WHERE key = 'pruned_before_ms'", &[])
+        .await?
+        .map(|r| r.get(0));
+    Ok(pruned.map_or(0, |ms| {
+        i32::try_from(ms.div_euclid(86_400_000) + 2).unwrap_or(i32::MAX)
+    }))
+}
+
 pub(super) async fn read_unsealed(
     store: &PgStore,
     site: &str,
@@ -252,11 +264,7 @@ pub(super) async fn read_unsealed(
     let Some(site) = site_id(&client, site).await? else {
         return Ok(Vec::new());
     };
-    let pruned: Option<i64> = client
-        .query_opt("SELECT value FROM meta WHERE key = 'pruned_before_ms'", &[])
-        .await?
-        .map(|r| r.get(0));
-    let first = pruned.map_or(0, |ms| (ms.div_euclid(86_400_000) + 2) as i32);
+    let first = first_complete_day(&client).await?;
     let rows = client
         .query(
             "SELECT day FROM ( \
@@ -360,10 +368,15 @@ pub(super) async fn unseal(
     if days.is_empty() {
         return Ok(());
     }
+    // A day whose raw events may be pruned keeps its segment: it could not be sealed again
+    // whole (`read_unsealed` never offers it), so the segment is what stays of its visits
+    // (`first_complete_day`, in the same statement).
     let (s, d): (Vec<i64>, Vec<i32>) = days.iter().copied().unzip();
     tx.execute(
         "DELETE FROM segments WHERE (site, day) IN \
-         (SELECT * FROM unnest($1::int8[], $2::int4[]))",
+         (SELECT * FROM unnest($1::int8[], $2::int4[])) \
+         AND day >= coalesce((SELECT (value / 86400000 + 2)::int4 FROM meta \
+                              WHERE key = 'pruned_before_ms'), 0)",
         &[&s, &d],
     )
     .await?;
@@ -384,11 +397,7 @@ pub(super) async fn verify(
     repair: bool,
 ) -> Result<crate::store::VerifyReport, Fail> {
     let client = store.client().await?;
-    let pruned: Option<i64> = client
-        .query_opt("SELECT value FROM meta WHERE key = 'pruned_before_ms'", &[])
-        .await?
-        .map(|r| r.get(0));
-    let first = pruned.map_or(0, |ms| (ms.div_euclid(86_400_000) + 2) as i32);
+    let first = first_complete_day(&client).await?;
     let days: Vec<(i64, String, i32)> = client
         .query(
             "SELECT s.site, k.name, s.day FROM segments s JOIN site_keys k ON k.id = s.site \

@@ -240,6 +240,9 @@ pub(super) async fn commit_batch(
     written.sort_unstable();
     written.dedup();
     super::segments::unseal(&tx, &written).await?;
+    if let Some(until) = import.and_then(|o| o.lease_until_ms) {
+        raise_marker(&tx, "import_until_ms", until).await?;
+    }
     if let Some(latest) = not_kept.iter().map(|row| row.record.at_ms).max() {
         accepted.extend(
             not_kept

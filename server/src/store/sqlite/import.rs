@@ -13,10 +13,13 @@
 //!   whole site on a day) as counter rows of source [`IMPORTED_SOURCE`], replacing the row of
 //!   the same (scope, day) — so it is idempotent — and recomputes the scope's all-time
 //!   imported row. They add to the shown web numbers and are never recounted, like bases.
-//! - Both are one transaction per call: callers keep batches small so a running server's
+//! - `import_breakdowns` clears the (table, day)s it is told to, then adds each row to the
+//!   `imported_dims` row of its (table, day, value) (`imported`).
+//! - Each is one transaction per call: callers keep batches small so a running server's
 //!   writer waits for at most one short batch.
 
 use super::*;
+use crate::store::imported::{ImportedRow, Table};
 use crate::store::{DailyImport, ImportOptions, ImportSink};
 
 #[async_trait]
@@ -88,6 +91,31 @@ impl ImportSink for SqliteStore {
             // Rows are set, not added to: kept page rows of every store are dropped.
             tx.execute(crate::store::daysets::BUMP_GENERATION, [])?;
             let pending = ids.into_pending();
+            guard.check_file()?;
+            tx.commit()?;
+            w.ids.absorb(pending);
+            Ok(rows.len() as u64)
+        })
+        .await
+    }
+
+    async fn import_breakdowns(
+        &self,
+        site: &SiteId,
+        rows: Vec<ImportedRow>,
+        clear: Vec<(Table, Date)>,
+    ) -> Result<u64, StoreError> {
+        let site = site.as_str().to_owned();
+        let guard = Arc::clone(&self.guard);
+        self.write(move |w| {
+            guard.check_disk()?;
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut ids = Resolver::new(&tx, &w.ids, 0);
+            let site = ids.site(&site)?;
+            let pending = ids.into_pending();
+            super::imported::write(&tx, site, &rows, &clear)?;
             guard.check_file()?;
             tx.commit()?;
             w.ids.absorb(pending);

@@ -46,6 +46,7 @@ mod durable;
 mod export;
 mod guard;
 mod import;
+mod imported;
 mod intern;
 mod journal;
 mod prune;
@@ -591,6 +592,19 @@ impl super::SegmentSource for SqliteStore {
             .read(move |conn| segments::read_unsealed(conn, &site, through, limit))
             .await?;
         days.into_iter().map(num_day).collect()
+    }
+
+    async fn imported(
+        &self,
+        site: &SiteId,
+        table: crate::store::imported::Table,
+        from: Date,
+        to: Date,
+        by_day: bool,
+    ) -> Result<Vec<crate::store::imported::ImportedRow>, StoreError> {
+        let (site, days) = (site.as_str().to_owned(), (day_num(from), day_num(to)));
+        self.read(move |conn| imported::read(conn, &site, table, days, by_day))
+            .await
     }
 
     async fn seal_day(

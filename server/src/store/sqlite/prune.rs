@@ -5,7 +5,8 @@
 //! flowing between chunks. Each kind's marker in `meta` is raised in the same transaction as
 //! its first deletion, so `verify` always knows what is gone (see `verify`):
 //! - raw events older than `raw_days` × 24 h (`pruned_before_ms`); custom events with a
-//!   dedupe key are kept, they ARE the dedupe;
+//!   dedupe key are kept, they ARE the dedupe; none while an import holds its lease
+//!   (`meta.import_until_ms`), so an imported day is sealed whole before its raw events go;
 //! - per-day visitor sets of UTC days before today − `visitor_days`
 //!   (`visitor_rows_before_day`); the writer's [`SeenVisitors`] is cleared;
 //! - per-page day counters before today − `page_days` (`page_rows_before_day`); whole-site
@@ -29,6 +30,17 @@ fn raise_marker(conn: &Connection, key: &str, value: i64) -> Result<(), StoreErr
     Ok(())
 }
 
+/// Whether an import holds its lease at `now_ms` (`meta.import_until_ms`, raised by every
+/// import batch): raw events wait, so a day an import is still writing keeps every raw event
+/// until it is sealed whole.
+fn import_running(conn: &Connection, now_ms: i64) -> Result<bool, StoreError> {
+    let until: Option<i64> = conn
+        .prepare_cached("SELECT value FROM meta WHERE key = 'import_until_ms'")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    Ok(until.is_some_and(|until| until > now_ms))
+}
+
 pub(super) async fn prune(
     store: &SqliteStore,
     policy: Retention,
@@ -40,7 +52,7 @@ pub(super) async fn prune(
         let before_ms = now
             .as_millisecond()
             .saturating_sub(i64::from(policy.raw_days) * 86_400_000);
-        report.events = prune_events(store, before_ms).await?;
+        report.events = prune_events(store, before_ms, now.as_millisecond()).await?;
     }
     if policy.visitor_days > 0 {
         report.visitor_rows = prune_visits(store, today - i64::from(policy.visitor_days)).await?;
@@ -64,7 +76,7 @@ pub(super) async fn prune(
     Ok(report)
 }
 
-async fn prune_events(store: &SqliteStore, before_ms: i64) -> Result<u64, StoreError> {
+async fn prune_events(store: &SqliteStore, before_ms: i64, now_ms: i64) -> Result<u64, StoreError> {
     // Event ids are UUIDv7: the first 48 bits are the time, so "older than" is a key range.
     let bound = id_bound(before_ms);
     let mut total = 0u64;
@@ -74,6 +86,9 @@ async fn prune_events(store: &SqliteStore, before_ms: i64) -> Result<u64, StoreE
                 let tx = w
                     .conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)?;
+                if import_running(&tx, now_ms)? {
+                    return Ok(0);
+                }
                 let ids: Vec<Vec<u8>> = {
                     let mut stmt = tx.prepare_cached(
                         "SELECT event_id FROM events \

@@ -5,8 +5,9 @@
 //! A fresh file gets the v9 tables. An older file runs every step from its version on, in ONE
 //! transaction (each step is version N + 1 = version N plus):
 //! - v9: the analytics tables (see [`SCHEMA_V9`]): each event's source and agent tuple and
-//!   engagement, the interned tuples (`dims`), their daily quota, visitor numbers and day
-//!   segments; events stored before it have no tuple (their dimensions read as unknown);
+//!   engagement, the interned tuples (`dims`), their daily quota, visitor numbers, day
+//!   segments and imported breakdowns (`imported_dims`); events stored before it have no
+//!   tuple (their dimensions read as unknown);
 //! - v8: the referrer counters (`referrer_counters`, see [`schema_v8`]), filled from the raw
 //!   events kept;
 //! - v7: the shared links and the email reports (`shares`, `reports`, `report_sends`, see
@@ -234,6 +235,16 @@ CREATE TABLE IF NOT EXISTS segments (
 -- the day), so a seal that raced a write is not stored.
 CREATE TABLE IF NOT EXISTS day_revs (
     site INTEGER NOT NULL, day INTEGER NOT NULL, rev INTEGER NOT NULL, PRIMARY KEY (site, day)
+) WITHOUT ROWID;
+-- Imported breakdowns (`store::imported`): another tool's daily numbers per site, table
+-- (`dim`: 'visitors', 'sources', 'browsers', ...), local day and value tuple; set by
+-- `tally import`, never recounted nor pruned. Keyed table first, so one table over a range
+-- is one range of the b-tree.
+CREATE TABLE IF NOT EXISTS imported_dims (
+    site INTEGER NOT NULL, dim TEXT NOT NULL, day INTEGER NOT NULL, value TEXT NOT NULL,
+    visitors INTEGER NOT NULL, visits INTEGER NOT NULL, pageviews INTEGER NOT NULL,
+    events INTEGER NOT NULL, bounces INTEGER NOT NULL, visit_duration INTEGER NOT NULL,
+    PRIMARY KEY (site, dim, day, value)
 ) WITHOUT ROWID;
 ";
 

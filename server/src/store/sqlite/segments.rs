@@ -287,6 +287,20 @@ pub(super) fn read_dictionary(
 
 /// Days of `site` up to `through` with web page views or custom events and no segment, after
 /// the raw-event prune marker (a pruned day cannot be rebuilt), oldest first.
+/// The first day all of whose raw events are still kept: days before it may have lost some
+/// to retention (`meta.pruned_before_ms`).
+fn first_complete_day(conn: &Connection) -> Result<i64, StoreError> {
+    let pruned: Option<i64> = conn
+        .prepare_cached("SELECT value FROM meta WHERE key = 'pruned_before_ms'")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    // A day may start up to 26 h before its UTC date (see `event_id_range`): only days
+    // entirely after the marker are complete.
+    Ok(pruned.map_or(0, |ms| {
+        utc_day_num(jiff::Timestamp::from_millisecond(ms).unwrap_or_default()) + 2
+    }))
+}
+
 pub(super) fn read_unsealed(
     conn: &Connection,
     site: &str,
@@ -296,15 +310,7 @@ pub(super) fn read_unsealed(
     let Some(site) = site_id(conn, site)? else {
         return Ok(Vec::new());
     };
-    let pruned: Option<i64> = conn
-        .prepare_cached("SELECT value FROM meta WHERE key = 'pruned_before_ms'")?
-        .query_row([], |r| r.get(0))
-        .optional()?;
-    // A day may start up to 26 h before its UTC date (see `event_id_range`): only days
-    // entirely after the marker are complete.
-    let first = pruned.map_or(0, |ms| {
-        utc_day_num(jiff::Timestamp::from_millisecond(ms).unwrap_or_default()) + 2
-    });
+    let first = first_complete_day(conn)?;
     let mut stmt = conn.prepare_cached(
         "SELECT day FROM ( \
              SELECT c.day FROM counters c JOIN pages p ON p.id = c.scope \
@@ -442,10 +448,16 @@ pub(super) fn seal_write(
 }
 
 /// In a batch's transaction: raise the write count of each (site, day) it stored or updated an
-/// event of, and delete the day's segment if it was sealed (it is sealed again later).
+/// event of, and delete the day's segment if it was sealed (it is sealed again later). A day
+/// whose raw events may be pruned keeps its segment: it could not be sealed again whole
+/// (`read_unsealed` never offers it), so the segment is what stays of its visits.
 pub(super) fn touched(tx: &Connection, days: &HashSet<(i64, i64)>) -> Result<(), StoreError> {
+    if days.is_empty() {
+        return Ok(());
+    }
     let mut days: Vec<&(i64, i64)> = days.iter().collect();
     days.sort_unstable();
+    let first = first_complete_day(tx)?;
     let mut rev = tx.prepare_cached(
         "INSERT INTO day_revs (site, day, rev) VALUES (?1, ?2, 1) \
          ON CONFLICT (site, day) DO UPDATE SET rev = rev + 1",
@@ -453,7 +465,9 @@ pub(super) fn touched(tx: &Connection, days: &HashSet<(i64, i64)>) -> Result<(),
     let mut delete = tx.prepare_cached("DELETE FROM segments WHERE site = ?1 AND day = ?2")?;
     for (site, day) in days {
         rev.execute([site, day])?;
-        delete.execute([site, day])?;
+        if *day >= first {
+            delete.execute([site, day])?;
+        }
     }
     Ok(())
 }
@@ -480,13 +494,7 @@ fn sealed_days(
     conn: &Connection,
     site: Option<&str>,
 ) -> Result<Vec<(i64, String, i64)>, StoreError> {
-    let pruned: Option<i64> = conn
-        .prepare_cached("SELECT value FROM meta WHERE key = 'pruned_before_ms'")?
-        .query_row([], |r| r.get(0))
-        .optional()?;
-    let first = pruned.map_or(0, |ms| {
-        utc_day_num(jiff::Timestamp::from_millisecond(ms).unwrap_or_default()) + 2
-    });
+    let first = first_complete_day(conn)?;
     let mut stmt = conn.prepare_cached(
         "SELECT s.site, k.name, s.day FROM segments s JOIN site_keys k ON k.id = s.site \
          WHERE s.day >= ?1 AND (?2 IS NULL OR k.name = ?2) ORDER BY s.site, s.day",

@@ -295,6 +295,13 @@ fn commit_inner(
             bump_referrer.execute(params![site, day, host, views])?;
         }
         super::segments::touched(&tx, &touched_days)?;
+        if let Some(until) = import.and_then(|o| o.lease_until_ms) {
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES ('import_until_ms', ?1) \
+                 ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+                [until],
+            )?;
+        }
         if let Some(ms) = not_kept_until {
             // Counted without raw events: for `verify`, exactly like raw events pruned.
             tx.execute(

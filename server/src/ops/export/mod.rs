@@ -1,16 +1,21 @@
 //! `tally export`: a site's data out, streamed row by row from the store (SQLite or
 //! PostgreSQL, see `store::ExportSource`) to a writer.
 //!
-//! Contract: constant memory at any size (each row is written as it is read; JSON is an
-//! array written element by element). `--what daily` writes `day,page,views,visitors` per
-//! page and for the whole site (page `*`): what a web counter shows (counted plus imported),
-//! and it is exactly the input of `tally import --format tally-csv`, so the daily CSV
-//! round-trips. `--what custom` writes custom-event counts per day (`day,name,count`),
-//! `--what events` the raw events still within retention (no visitor keys: they are
-//! pseudonymous hashes that mean nothing outside the database). CSV cells that a spreadsheet
-//! would run as a formula are written as text (see [`csv_field`]); JSON is written as it is.
+//! Contract: constant memory at any size (each row is written as it is read, or one day's
+//! answers at a time; JSON is an array written element by element). `--what daily` writes
+//! `day,page,views,visitors` per page and for the whole site (page `*`): what a web counter
+//! shows (counted plus imported), and it is exactly the input of `tally import --format
+//! tally-csv`, so the daily CSV round-trips. `--what custom` writes custom-event counts per
+//! day (`day,name,count`), `--what events` the raw events still within retention (no visitor
+//! keys: they are pseudonymous hashes that mean nothing outside the database). `--what
+//! breakdowns` and `--what visits` are the analytics per local day, computed by the
+//! dashboard's engine (`analytics`), one day at a time. CSV cells that a spreadsheet would
+//! run as a formula are written as text (see [`csv_field`]); JSON is written as it is.
+
+mod analytics;
 
 use std::io::Write;
+use std::sync::Arc;
 
 use jiff::civil::Date;
 
@@ -33,6 +38,14 @@ pub enum ExportWhat {
     Custom,
     /// Raw events within the raw-event retention.
     Events,
+    /// Per local day and dimension value (sources, campaigns, browsers, systems, devices,
+    /// places, entry, exit and viewed pages, event names): visitors, visits, page views,
+    /// events, bounce rate and visit duration, as the dashboard and `/api/v2/query` answer
+    /// them (imported breakdowns included where they apply).
+    Breakdowns,
+    /// Per local day: visitors, visits, page views, views per visit, bounce rate and visit
+    /// duration, as the dashboard answers them.
+    Visits,
 }
 
 /// A CSV cell. A text that a spreadsheet would run as a formula (it begins with `=`, `+`,
@@ -91,7 +104,7 @@ impl Rows<'_> {
 
 /// Write `what` of `site` over `from..=to` to `out`; returns the rows written.
 pub async fn export(
-    store: &dyn Store,
+    store: Arc<dyn Store>,
     site: &SiteId,
     (from, to): (Date, Date),
     format: ExportFormat,
@@ -104,6 +117,9 @@ pub async fn export(
         first: true,
     };
     let n = match what {
+        ExportWhat::Breakdowns | ExportWhat::Visits => {
+            analytics::export(store, site, (from, to), what, &mut rows).await?
+        }
         ExportWhat::Daily => {
             rows.start(&["day", "page", "views", "visitors"])?;
             store
