@@ -1003,10 +1003,12 @@ mod tests {
         }
     }
 
-    /// What the generator writes: views, distinct visitor keys and events per day.
-    fn expected(args: &SeedArgs, now: Timestamp) -> (u64, usize, u64, Vec<Date>) {
+    /// What the generator writes: views, distinct visitor keys, custom events, engagement
+    /// reports and the days with views.
+    fn expected(args: &SeedArgs, now: Timestamp) -> (u64, usize, u64, u64, Vec<Date>) {
         let mut h = History::new(args, now).expect("history");
-        let (mut views, mut events, mut keys, mut days) = (0, 0, HashSet::new(), Vec::new());
+        let (mut views, mut events, mut engagements) = (0, 0, 0);
+        let (mut keys, mut days) = (HashSet::new(), Vec::new());
         while let Some(day) = h.next_day().expect("day") {
             for r in &day {
                 match r.kind {
@@ -1015,19 +1017,20 @@ mod tests {
                         keys.insert(r.visitor.0);
                     }
                     HitKind::Event { .. } => events += 1,
-                    HitKind::Engagement { .. } => {}
+                    HitKind::Engagement { .. } => engagements += 1,
                 }
             }
             if day.iter().any(|r| matches!(r.kind, HitKind::Pageview)) {
                 days.push(day[0].day);
             }
         }
-        (views, keys.len(), events, days)
+        (views, keys.len(), events, engagements, days)
     }
 
     async fn seed_and_check(args: SeedArgs) {
         let now = Timestamp::now();
-        let (views, visitors, events, days) = expected(&args, now);
+        let (views, visitors, events, engagements, days) = expected(&args, now);
+        assert!(engagements > 0, "the history reports engaged time");
         assert_eq!(views, args.views, "the daily quotas add up to --views");
         assert!(
             days.len() >= 29,
@@ -1041,7 +1044,7 @@ mod tests {
         let (written, accepted) = write(store.as_ref(), &mut history, args.batch, |_, _| {})
             .await
             .expect("write");
-        assert_eq!(written, views + events);
+        assert_eq!(written, views + events + engagements);
         assert_eq!(accepted, written, "every generated id is new");
         let site = SiteId::parse("seeded").expect("site");
         let (from, to) = (days[0], *days.last().expect("a day"));
