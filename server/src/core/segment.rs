@@ -108,7 +108,100 @@ impl Column {
     }
 
     pub fn to_vec(&self) -> Vec<u32> {
-        self.iter().collect()
+        let mut out = Vec::new();
+        self.decode_into(&mut out);
+        out
+    }
+
+    /// Every value into `out` (cleared first): one tight loop per width.
+    pub fn decode_into(&self, out: &mut Vec<u32>) {
+        out.clear();
+        let w = usize::from(self.width);
+        let Some(bytes) = self.data.get(self.off..self.off + self.len * w) else {
+            return;
+        };
+        match w {
+            0 => out.resize(self.len, 0),
+            1 => out.extend(bytes.iter().map(|b| u32::from(*b))),
+            2 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))),
+            ),
+            3 => out.extend(
+                bytes
+                    .chunks_exact(3)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], 0])),
+            ),
+            _ => out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+        }
+    }
+}
+
+/// One day's columns as plain arrays, for passes that read every row; [`Decoded::fill`]
+/// reuses the buffers from day to day.
+#[derive(Debug, Default)]
+pub struct Decoded {
+    pub visitor: Vec<u32>,
+    pub start_s: Vec<u32>,
+    pub duration_s: Vec<u32>,
+    pub pageviews: Vec<u32>,
+    pub events: Vec<u32>,
+    pub entry: Vec<u32>,
+    pub exit: Vec<u32>,
+    pub src: Vec<u32>,
+    pub agent: Vec<u32>,
+    /// The events part (empty when it was not given).
+    pub pv_page: Vec<u32>,
+    pub pv_at_s: Vec<u32>,
+    pub pv_engaged_ms: Vec<u32>,
+    pub pv_scroll: Vec<u32>,
+    pub c_name: Vec<u32>,
+    pub c_page: Vec<u32>,
+    pub c_at_s: Vec<u32>,
+}
+
+impl Decoded {
+    /// Decode the visits part, and the events part when given.
+    pub fn fill(&mut self, seg: &Segment, events: Option<&Events>) {
+        let v = &seg.visits;
+        v.visitor.decode_into(&mut self.visitor);
+        v.start_s.decode_into(&mut self.start_s);
+        v.duration_s.decode_into(&mut self.duration_s);
+        v.pageviews.decode_into(&mut self.pageviews);
+        v.events.decode_into(&mut self.events);
+        v.entry.decode_into(&mut self.entry);
+        v.exit.decode_into(&mut self.exit);
+        v.src.decode_into(&mut self.src);
+        v.agent.decode_into(&mut self.agent);
+        let (p, c) = match events {
+            Some(e) => (&e.pageviews, &e.customs),
+            None => {
+                for col in [
+                    &mut self.pv_page,
+                    &mut self.pv_at_s,
+                    &mut self.pv_engaged_ms,
+                    &mut self.pv_scroll,
+                    &mut self.c_name,
+                    &mut self.c_page,
+                    &mut self.c_at_s,
+                ] {
+                    col.clear();
+                }
+                return;
+            }
+        };
+        p.page.decode_into(&mut self.pv_page);
+        p.at_s.decode_into(&mut self.pv_at_s);
+        p.engaged_ms.decode_into(&mut self.pv_engaged_ms);
+        p.scroll.decode_into(&mut self.pv_scroll);
+        c.name.decode_into(&mut self.c_name);
+        c.page.decode_into(&mut self.c_page);
+        c.at_s.decode_into(&mut self.c_at_s);
     }
 }
 

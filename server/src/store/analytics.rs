@@ -12,6 +12,13 @@
 //!   question holds at most one chunk it does not keep. Kept parts (visits and events parts
 //!   apart: most questions read only the visits part) stay under the budget, the oldest kept
 //!   first to go. Dictionary entries stay under their own budget.
+//! - **Kept states are exact.** Each question's state over the sealed days of its range is
+//!   kept (within a quarter of the budget, oldest first to go) with the days and versions it
+//!   counted, and used again only for exactly those days at those versions; the open days
+//!   are always counted anew on top of it. A repeated question costs its open days.
+//! - **Two threads.** The days of a chunk are split in two halves of about equal weight,
+//!   counted on two threads into two states per question, folded together at the end
+//!   (visits never span two days, so sums add and visitor sets unite exactly).
 //! - Dictionary rows (page paths, dimension tuples) never change once stored, so they are
 //!   kept until their budget is full.
 //! - Imported breakdowns are read per question, only when asked ([`Analytics::answer_with`])
@@ -27,8 +34,8 @@ use super::{DIM_AGENT, DIM_SOURCE, OTHER_DIM, PartsWanted, SegmentSource, StoreE
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
 use crate::core::ids::SiteId;
-use crate::core::query::{self, Answer, Evaluator, Extra, Invalid, Query};
-use crate::core::segment::{self, Events, Segment};
+use crate::core::query::{self, Answer, DayInput, Evaluator, Extra, Invalid, Query};
+use crate::core::segment::{self, Decoded, Events, Segment};
 
 /// Default budget of kept segment parts, bytes.
 pub const DEFAULT_BUDGET_BYTES: usize = 128 << 20;
@@ -141,6 +148,66 @@ pub struct Analytics {
     source: Arc<dyn SegmentSource>,
     kept: Mutex<Kept>,
     budget: usize,
+    partials: Mutex<Partials>,
+}
+
+/// Kept question states ([`Partials`]) may use one part in this many of the budget of kept
+/// segment parts (besides it).
+const PARTIALS_SHARE: usize = 4;
+
+/// Each recent question's state over the sealed days of its range, by site, zone, range and
+/// question, with the days and versions it counted: a repeated question counts only its open
+/// days (sealed days change only by a new seal, which has a new version, so a state over the
+/// same versions is the state those days give). The oldest kept go first.
+#[derive(Default)]
+struct Partials {
+    states: HashMap<String, KeptState>,
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl Partials {
+    fn get(&self, key: &str, sealed: &[(Date, i64)]) -> Option<&Evaluator> {
+        self.states
+            .get(key)
+            .filter(|(days, _, _)| days.as_slice() == sealed)
+            .map(|(_, e, _)| e)
+    }
+
+    /// Keep a copy of `state` (settled), within `budget` bytes.
+    fn keep(&mut self, key: &str, sealed: &[(Date, i64)], state: &Evaluator, budget: usize) {
+        let size = state.size() + sealed.len() * 16 + key.len();
+        if size > budget / 2 {
+            return;
+        }
+        if let Some((_, _, old)) = self.states.remove(key) {
+            self.bytes -= old;
+            self.order.retain(|k| k != key);
+        }
+        while self.bytes + size > budget {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, _, old)) = self.states.remove(&oldest) {
+                self.bytes -= old;
+            }
+        }
+        self.states
+            .insert(key.to_owned(), (sealed.to_vec(), state.clone(), size));
+        self.order.push_back(key.to_owned());
+        self.bytes += size;
+    }
+}
+
+/// A kept state: the sealed days (and versions) it counted, the state, its size.
+type KeptState = (Vec<(Date, i64)>, Evaluator, usize);
+
+/// What names a question's state: the site, zone, range and question.
+fn partial_key(site: &str, zone: &SiteZone, from: Date, to: Date, q: &Query) -> String {
+    format!(
+        "{site}\u{1f}{}\u{1f}{from}\u{1f}{to}\u{1f}{q:?}",
+        zone.name()
+    )
 }
 
 /// A day as evaluated.
@@ -148,6 +215,102 @@ struct DayParts {
     day: Date,
     seg: Arc<Segment>,
     events: Option<Arc<Events>>,
+}
+
+/// The questions of one read while its days are counted: each question twice, one per
+/// thread, each half of every chunk's days going to one of them (visits never span two
+/// days, so the halves are folded together exactly at the end).
+struct Counting {
+    first: Vec<Evaluator>,
+    /// The second thread's (empty when one thread counts every day).
+    second: Vec<Evaluator>,
+}
+
+impl Counting {
+    /// Count into `evaluators` (fresh ones or states over other days).
+    fn new(evaluators: Vec<Evaluator>) -> Self {
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let second = if threads >= 2 {
+            evaluators.iter().map(Evaluator::fresh).collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            first: evaluators,
+            second,
+        }
+    }
+
+    /// Count `days` (in day order), off the async runtime: a year of a large site is CPU work
+    /// of a second or so.
+    async fn count(self, days: Vec<DayParts>, dict: Arc<SiteDict>) -> Result<Self, StoreError> {
+        tokio::task::spawn_blocking(move || self.count_now(&days, &dict))
+            .await
+            .map_err(|e| StoreError::Invalid(format!("evaluating a question failed: {e}")))
+    }
+
+    fn count_now(mut self, days: &[DayParts], dict: &SiteDict) -> Self {
+        if self.second.is_empty() || days.len() < 2 {
+            count(&mut self.first, days, dict);
+            return self;
+        }
+        // Two halves of about equal weight (visits and events).
+        let weight = |d: &DayParts| d.seg.visit_count() + d.seg.pageview_count + d.seg.custom_count;
+        let total: usize = days.iter().map(weight).sum();
+        let (mut at, mut sum) = (0, 0);
+        while at < days.len() - 1 && (sum + weight(&days[at])) * 2 <= total {
+            sum += weight(&days[at]);
+            at += 1;
+        }
+        let (first, second) = days.split_at(at.max(1));
+        std::thread::scope(|s| {
+            let other = &mut self.second;
+            s.spawn(move || count(other, second, dict));
+            count(&mut self.first, first, dict);
+        });
+        self
+    }
+
+    /// Both halves folded into one answer per question, each half's visitors merged on its
+    /// own thread first.
+    async fn finish(self) -> Result<Vec<Evaluator>, StoreError> {
+        tokio::task::spawn_blocking(move || {
+            let Self {
+                mut first,
+                mut second,
+            } = self;
+            std::thread::scope(|s| {
+                let other = &mut second;
+                s.spawn(move || other.iter_mut().for_each(Evaluator::settle));
+                first.iter_mut().for_each(Evaluator::settle);
+            });
+            for (e, other) in first.iter_mut().zip(second) {
+                e.merge(other);
+            }
+            first
+        })
+        .await
+        .map_err(|e| StoreError::Invalid(format!("evaluating a question failed: {e}")))
+    }
+}
+
+/// Count `days` in every question on this thread, each day's columns decoded once.
+fn count(evaluators: &mut [Evaluator], days: &[DayParts], dict: &SiteDict) {
+    let need_events = evaluators.iter().any(Evaluator::needs_events);
+    let mut cols = Decoded::default();
+    for d in days {
+        let events = d.events.as_deref().filter(|_| need_events);
+        cols.fill(&d.seg, events);
+        let input = DayInput {
+            day: d.day,
+            seg: &d.seg,
+            events,
+            cols: &cols,
+        };
+        for e in evaluators.iter_mut() {
+            e.add(&input, dict);
+        }
+    }
 }
 
 /// The parts of a sealed day at hand so far.
@@ -162,6 +325,7 @@ impl Analytics {
             source,
             kept: Mutex::default(),
             budget,
+            partials: Mutex::default(),
         }
     }
 
@@ -242,54 +406,78 @@ impl Analytics {
             .iter()
             .map(|q| Evaluator::new(q, from, to, zone))
             .collect::<Result<Vec<_>, _>>()?;
-        let need_events = evaluators.iter().any(Evaluator::needs_events);
         let index = self.source.segment_index(site, from, to).await?;
         let name = site.as_str().to_owned();
         let mut dict: Arc<SiteDict> = self.kept().dicts.get(&name).cloned().unwrap_or_default();
-        // Open days, built now; then sealed days, chunk by chunk, in day order.
-        let mut open: Vec<DayParts> = index
-            .open
-            .into_iter()
-            .map(|(day, events)| {
-                let (start, _) = zone.span(day, day);
-                let (seg, evs) = segment::build(start.as_millisecond(), events);
-                DayParts {
-                    day,
-                    seg: Arc::new(seg),
-                    events: Some(Arc::new(evs)),
-                }
-            })
+        // Open days, built off the runtime.
+        let zone_for_open = zone.clone();
+        let open: Vec<DayParts> = tokio::task::spawn_blocking(move || {
+            index
+                .open
+                .into_iter()
+                .map(|(day, events)| {
+                    let (start, _) = zone_for_open.span(day, day);
+                    let (seg, evs) = segment::build(start.as_millisecond(), events);
+                    DayParts {
+                        day,
+                        seg: Arc::new(seg),
+                        events: Some(Arc::new(evs)),
+                    }
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| StoreError::Invalid(format!("building open days failed: {e}")))?;
+        // The sealed days: each question's state over them as kept (same days at the same
+        // versions), else counted now, chunk by chunk, and kept.
+        let keys: Vec<String> = queries
+            .iter()
+            .map(|q| partial_key(&name, zone, from, to, q))
             .collect();
-        open.sort_by_key(|d| d.day);
-        let mut open = open.into_iter().peekable();
-        for chunk in index.sealed.chunks(CHUNK_DAYS) {
-            let Ok(mut days) = self.sealed(site, chunk, need_events).await? else {
-                return Ok(Err(Changed));
-            };
-            // Open days before the end of this chunk go with it, in day order.
-            let last = chunk.last().map(|c| c.0);
-            while let Some(d) = open.next_if(|d| Some(d.day) < last) {
-                days.push(d);
-            }
-            days.sort_by_key(|d| d.day);
-            dict = self.complete(site, dict, &days).await?;
-            for d in &days {
-                for e in &mut evaluators {
-                    e.add(d.day, &d.seg, d.events.as_deref(), &*dict);
+        let mut missed = Vec::new();
+        {
+            let partials = self.partials();
+            for (i, key) in keys.iter().enumerate() {
+                match partials.get(key, &index.sealed) {
+                    Some(kept) => evaluators[i] = kept.clone(),
+                    None => missed.push(i),
                 }
             }
         }
-        let rest: Vec<DayParts> = open.collect();
-        dict = self.complete(site, dict, &rest).await?;
-        for d in &rest {
-            for e in &mut evaluators {
-                e.add(d.day, &d.seg, d.events.as_deref(), &*dict);
+        if !missed.is_empty() && !index.sealed.is_empty() {
+            let fresh: Vec<Evaluator> = missed.iter().map(|&i| evaluators[i].fresh()).collect();
+            let need_events = fresh.iter().any(Evaluator::needs_events);
+            let mut counting = Counting::new(fresh);
+            for chunk in index.sealed.chunks(CHUNK_DAYS) {
+                let Ok(days) = self.sealed(site, chunk, need_events).await? else {
+                    return Ok(Err(Changed));
+                };
+                dict = self.complete(site, dict, &days).await?;
+                counting = counting.count(days, Arc::clone(&dict)).await?;
             }
+            let counted = counting.finish().await?;
+            let mut partials = self.partials();
+            for (i, e) in missed.into_iter().zip(counted) {
+                partials.keep(&keys[i], &index.sealed, &e, self.budget / PARTIALS_SHARE);
+                evaluators[i] = e;
+            }
+        }
+        // Then the open days, every question.
+        if !open.is_empty() {
+            dict = self.complete(site, dict, &open).await?;
+            let counting = Counting::new(evaluators).count(open, dict).await?;
+            evaluators = counting.finish().await?;
         }
         for (e, extra) in evaluators.iter_mut().zip(extras) {
             e.add_extra(extra)?;
         }
         Ok(Ok(evaluators.into_iter().map(Evaluator::finish).collect()))
+    }
+
+    fn partials(&self) -> std::sync::MutexGuard<'_, Partials> {
+        self.partials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The parts of a chunk of sealed days: kept ones, and the rest read (and kept, within

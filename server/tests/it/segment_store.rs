@@ -477,6 +477,38 @@ async fn answers_stay_exact_across_sealed_and_open_days(db: &impl Harness) {
         after[0].rows[0].metrics,
         vec![Value::Int(4), Value::Int(5), Value::Int(5)]
     );
+    // Sealed again (a new version): counted anew, then kept; a hit on the open day after
+    // that shows at once beside the kept state of the sealed day.
+    assert!(
+        store
+            .seal_day(&site(), D1, day_start(D1))
+            .await
+            .expect("seal")
+    );
+    let resealed = analytics
+        .answer(&site(), &zone, D1, D2, &questions[..1])
+        .await
+        .expect("answers");
+    assert_eq!(resealed, after);
+    store
+        .commit(vec![view(
+            10,
+            1,
+            "/c",
+            "2026-03-03T23:00:00Z",
+            ("", "Direct", "Firefox"),
+        )])
+        .await
+        .expect("commit");
+    let later = analytics
+        .answer(&site(), &zone, D1, D2, &questions[..1])
+        .await
+        .expect("answers");
+    assert_eq!(
+        later[0].rows[0].metrics,
+        vec![Value::Int(4), Value::Int(6), Value::Int(6)],
+        "visitor 1 is counted once over the kept day and the open one"
+    );
 }
 
 async fn verify_recounts_segments_and_repairs_them(db: &impl Harness) {

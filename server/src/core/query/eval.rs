@@ -17,25 +17,15 @@ use std::collections::HashMap;
 use jiff::civil::Date;
 use roaring::RoaringBitmap;
 
+pub use super::local::Dictionary;
 use super::local::{self, Filters, Local, Memo, Slot, Values, bucket_label};
 use super::{Dimension, Grain, Invalid, Metric, OrderKey, Query};
 use crate::core::day::SiteZone;
-use crate::core::dims::{AgentDims, SourceDims};
-use crate::core::segment::{Events, Segment};
+use crate::core::segment::{Decoded, Events, Segment};
 
 mod extra;
 
 pub use extra::{Extra, Sums};
-
-/// What the evaluator needs to know of stored ids.
-pub trait Dictionary {
-    /// A page's path (`None`: unknown id).
-    fn page(&self, id: u32) -> Option<&str>;
-    /// A source tuple (`None`: none recorded).
-    fn source(&self, id: u32) -> Option<&SourceDims>;
-    /// An agent tuple (`None`: none recorded).
-    fn agent(&self, id: u32) -> Option<&AgentDims>;
-}
 
 /// A metric's value in a row.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,17 +62,28 @@ pub struct Answer {
     pub time_labels: Vec<String>,
 }
 
-/// Sums of one row.
-#[derive(Default)]
+/// Sums of one row. The fields every event or visit touches come first, in one cache line
+/// (a row is a random access among thousands when rows are pages).
+#[derive(Default, Clone)]
+#[repr(C, align(64))]
 struct Acc {
+    events: u64,
+    pageviews: u64,
+    visits: u64,
+    /// The engaged time of the row's last visit so far (added by `close_visit`).
+    visit_engaged_ms: u64,
+    /// The last visit (`Evaluator::visit_seq`) with an event in this row.
+    visit: u32,
+    /// That visit's deepest scroll + 1 in this row so far.
+    visit_scroll: u32,
+    /// The visitor counted last (`has_last`), so a repeat never reaches `pending`.
+    last: u32,
+    has_last: bool,
+    /// Visitors not yet in `visitors`, in runs of ascending numbers (one per day).
+    pending: Vec<u32>,
     visitors: RoaringBitmap,
-    /// This day's visitors not yet in `visitors`, ascending.
-    fresh: Vec<u32>,
     /// Visitors of [`Extra`]s, summed.
     extra_visitors: u64,
-    visits: u64,
-    pageviews: u64,
-    events: u64,
     /// Visits counted whole (duration, views per visit).
     whole_visits: u64,
     duration_s: u64,
@@ -97,39 +98,70 @@ struct Acc {
 }
 
 impl Acc {
-    /// Count `visitor` in this row (visits of a day come in ascending visitor order).
-    #[inline]
-    fn visitor(&mut self, visitor: u32, dirty: &mut Vec<usize>, row: usize) {
-        match self.fresh.last() {
-            Some(&last) if last == visitor => {}
-            Some(&last) if last > visitor => {
-                // Out of order (never from a built segment): straight in.
-                self.visitors.insert(visitor);
-            }
-            last => {
-                if last.is_none() {
-                    dirty.push(row);
-                }
-                self.fresh.push(visitor);
-            }
+    /// Add the engagement of the row's last visit.
+    fn close_visit(&mut self) {
+        self.engaged_ms += self.visit_engaged_ms;
+        self.engaged_visits += u64::from(self.visit_engaged_ms > 0);
+        if self.visit_scroll > 0 {
+            self.scroll_sum += u64::from(self.visit_scroll - 1);
+            self.scroll_visits += 1;
         }
+        self.visit_engaged_ms = 0;
+        self.visit_scroll = 0;
     }
 
-    /// Merge the day's visitors into the bitmap.
-    fn settle(&mut self) {
-        if self.fresh.is_empty() {
+    /// Count `visitor` in this row: gathered in `pending` (a repeat of the last one skipped:
+    /// a day's visits come in ascending visitor order), merged into the bitmap later.
+    #[inline]
+    fn visitor(&mut self, visitor: u32, dirty: &mut Vec<usize>, row: usize, pending: &mut usize) {
+        if self.has_last && self.last == visitor {
             return;
         }
-        // Taken, not drained: a row seen on one day keeps no buffer.
-        if let Ok(day) = RoaringBitmap::from_sorted_iter(std::mem::take(&mut self.fresh)) {
-            self.visitors |= day;
+        self.last = visitor;
+        self.has_last = true;
+        if self.pending.is_empty() {
+            dirty.push(row);
         }
+        self.pending.push(visitor);
+        *pending += 1;
     }
+
+    /// Merge the pending visitors into the bitmap (sorted once: merging a day at a time would
+    /// copy a row's growing containers every day).
+    fn settle(&mut self) {
+        settle(&mut self.visitors, &mut self.pending);
+    }
+}
+
+/// Merge `pending` visitor numbers (any order, repeats allowed) into `bitmap`.
+fn settle(bitmap: &mut RoaringBitmap, pending: &mut Vec<u32>) {
+    if pending.is_empty() {
+        return;
+    }
+    // Taken, not drained: a row seen once keeps no buffer. Each day's visitors are one sorted
+    // run, which a stable sort merges run by run.
+    let mut all = std::mem::take(pending);
+    all.sort();
+    all.dedup();
+    if let Ok(more) = RoaringBitmap::from_sorted_iter(all) {
+        *bitmap |= more;
+    }
+}
+
+/// Pending visitor numbers of one question beyond which all are merged at the end of a day
+/// (16 MiB).
+const MAX_PENDING: usize = 1 << 22;
+
+/// Whether a row merges its pending visitors at the end of a day: once they are many beside
+/// what it holds (so a merge, which copies the row's containers, comes at most once per
+/// eighth added), and never for a few (most rows merge once, at the end).
+fn due(bitmap: &RoaringBitmap, pending: &[u32]) -> bool {
+    pending.len() as u64 >= (bitmap.len() / 8).max(4096)
 }
 
 /// The rows seen so far, by key (one interned value number per dimension): without
 /// dimensions one row, with one a dense table by value number, else a hash of the key.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Rows {
     index: HashMap<Box<[u32]>, usize, foldhash::fast::RandomState>,
     /// With one dimension: row + 1 by value number (0: no row yet).
@@ -184,13 +216,14 @@ enum EventAt {
 }
 
 /// One question being answered, day by day.
-pub struct Evaluator<'q> {
-    query: &'q Query,
+#[derive(Clone)]
+pub struct Evaluator {
+    query: Query,
     from: Date,
     to: Date,
     zone: SiteZone,
     slots: Vec<Slot>,
-    filters: Filters<'q>,
+    filters: Filters,
     has_page_filter: bool,
     event_rows: bool,
     has_page_dim: bool,
@@ -201,22 +234,33 @@ pub struct Evaluator<'q> {
     memo: Memo,
     rows: Rows,
     total: RoaringBitmap,
-    total_fresh: Vec<u32>,
+    total_pending: Vec<u32>,
+    /// Pending visitor numbers in all rows.
+    pending: usize,
     key: Vec<u32>,
     /// Rows with visitors of the current day not yet merged.
     dirty: Vec<usize>,
-    /// This visit's event contributions per row: (row, engaged ms, engaged?, scroll max + 1).
-    touched: Vec<(usize, u64, bool, u32)>,
+    /// The visits walked event by event so far (each row notes the last one it was in).
+    visit_seq: u32,
     /// Visitors of the [`Extra`]s added.
     extra_total: u64,
 }
 
-impl<'q> Evaluator<'q> {
+impl Evaluator {
     /// A question over the local days `from..=to` of a site in `zone`.
-    pub fn new(query: &'q Query, from: Date, to: Date, zone: &SiteZone) -> Result<Self, Invalid> {
+    pub fn new(query: &Query, from: Date, to: Date, zone: &SiteZone) -> Result<Self, Invalid> {
         query.check()?;
+        Ok(Self::checked(query, from, to, zone))
+    }
+
+    /// [`Evaluator::new`] of a question already checked.
+    fn checked(query: &Query, from: Date, to: Date, zone: &SiteZone) -> Self {
         let dims = &query.dimensions;
-        let (visit, event) = query.filters.iter().partition(|f| !f.dimension.is_event());
+        let (visit, event) = query
+            .filters
+            .iter()
+            .cloned()
+            .partition(|f| !f.dimension.is_event());
         let filters = Filters { visit, event };
         let event_rows = dims.iter().any(|d| d.is_event());
         let need_events = event_rows
@@ -226,8 +270,8 @@ impl<'q> Evaluator<'q> {
                 .metrics
                 .iter()
                 .any(|m| matches!(m, Metric::TimeOnPage | Metric::ScrollDepth));
-        Ok(Self {
-            query,
+        Self {
+            query: query.clone(),
             from,
             to,
             zone: zone.clone(),
@@ -243,12 +287,13 @@ impl<'q> Evaluator<'q> {
             memo: Memo::default(),
             rows: Rows::default(),
             total: RoaringBitmap::new(),
-            total_fresh: Vec::new(),
+            total_pending: Vec::new(),
+            pending: 0,
             key: vec![0; dims.len()],
             dirty: Vec::new(),
-            touched: Vec::new(),
+            visit_seq: 0,
             extra_total: 0,
-        })
+        }
     }
 
     /// Whether this question reads the events part of a day (else the visits part is enough).
@@ -256,15 +301,15 @@ impl<'q> Evaluator<'q> {
         self.need_events
     }
 
-    /// Count one day: its visits part, and its events part when [`Evaluator::needs_events`]
-    /// (a day given without it is counted as if it had no events).
-    pub fn add(
-        &mut self,
-        day: Date,
-        seg: &Segment,
-        events: Option<&Events>,
-        dict: &dyn Dictionary,
-    ) {
+    /// Count one day. A question that [`Evaluator::needs_events`] skips a day given without
+    /// its events part (the caller reads it whenever one of its questions needs it).
+    pub fn add(&mut self, input: &DayInput<'_>, dict: &dyn Dictionary) {
+        let DayInput {
+            day,
+            seg,
+            events,
+            cols,
+        } = *input;
         let events = if self.need_events { events } else { None };
         if self.need_events && events.is_none() {
             return;
@@ -280,18 +325,27 @@ impl<'q> Evaluator<'q> {
             &mut self.values,
             &mut self.memo,
         );
-        let v = &seg.visits;
+        if !self.need_events && self.slots.len() <= 1 {
+            self.add_visits(&local, cols);
+            self.end_day();
+            return;
+        }
+        let c = cols;
+        let has_event_filters = !self.filters.event.is_empty();
         let (mut pv_at, mut ev_at) = (0usize, 0usize);
-        for i in 0..seg.visit_count() {
-            let (pvs, evs) = (v.pageviews.get(i) as usize, v.events.get(i) as usize);
-            let (pv_range, ev_range) = (pv_at..pv_at + pvs, ev_at..ev_at + evs);
-            pv_at += pvs;
-            ev_at += evs;
+        for i in 0..c.visitor.len() {
+            let (pageviews, customs) = (c.pageviews[i], c.events[i]);
+            let (pv_range, ev_range) = (
+                pv_at..pv_at + pageviews as usize,
+                ev_at..ev_at + customs as usize,
+            );
+            pv_at = pv_range.end;
+            ev_at = ev_range.end;
             let (src, agent, entry, exit) = (
-                v.src.get(i) as usize,
-                v.agent.get(i) as usize,
-                v.entry.get(i) as usize,
-                v.exit.get(i) as usize,
+                c.src[i] as usize,
+                c.agent[i] as usize,
+                c.entry[i] as usize,
+                c.exit[i] as usize,
             );
             if !(local.src_ok[src]
                 && local.agent_ok[agent]
@@ -300,18 +354,18 @@ impl<'q> Evaluator<'q> {
             {
                 continue;
             }
-            if let Some(e) = events
-                && !self.filters.event.is_empty()
-                && !pv_range.clone().any(|p| pv_match(&local, e, p))
-                && !ev_range.clone().any(|x| ev_match(&local, e, x))
+            if events.is_some()
+                && has_event_filters
+                && !pv_range.clone().any(|p| pv_match(&local, c, p))
+                && !ev_range.clone().any(|x| ev_match(&local, c, x))
             {
                 continue;
             }
-            let visitor = v.visitor.get(i);
-            if self.want_total && self.total_fresh.last() != Some(&visitor) {
-                self.total_fresh.push(visitor);
+            let visitor = c.visitor[i];
+            if self.want_total && self.total_pending.last() != Some(&visitor) {
+                self.total_pending.push(visitor);
+                self.pending += 1;
             }
-            let (pageviews, customs) = (v.pageviews.get(i), v.events.get(i));
             let bounce = pageviews < 2 && customs == 0;
             // Whole-visit sums: keyed by the visit (a page breakdown: its entry page).
             for (k, s) in self.slots.iter().enumerate() {
@@ -321,7 +375,7 @@ impl<'q> Evaluator<'q> {
                     Slot::Entry | Slot::Page => local.values[k][entry],
                     Slot::Exit => local.values[k][exit],
                     Slot::Name => 0,
-                    Slot::Time(g) => local.time_value(k, *g, v.start_s.get(i)),
+                    Slot::Time(g) => local.time_value(k, *g, c.start_s[i]),
                 };
             }
             let whole_ok = !self.has_page_dim || entry != 0;
@@ -329,7 +383,7 @@ impl<'q> Evaluator<'q> {
                 let r = self.rows.at(&self.key);
                 let acc = &mut self.rows.accs[r];
                 acc.whole_visits += 1;
-                acc.duration_s += u64::from(v.duration_s.get(i));
+                acc.duration_s += u64::from(c.duration_s[i]);
                 acc.whole_pageviews += u64::from(pageviews);
                 let entered_on_page =
                     !self.has_page_filter || (entry != 0 && local.page_ok[entry - 1]);
@@ -339,7 +393,7 @@ impl<'q> Evaluator<'q> {
                 }
                 if !self.event_rows {
                     acc.visits += 1;
-                    acc.visitor(visitor, &mut self.dirty, r);
+                    acc.visitor(visitor, &mut self.dirty, r, &mut self.pending);
                 }
                 if !self.need_events {
                     // Every event of the visit counts, in the visit's row.
@@ -347,71 +401,146 @@ impl<'q> Evaluator<'q> {
                     acc.events += u64::from(pageviews + customs);
                 }
             }
-            let Some(e) = events else {
+            if events.is_none() {
                 continue;
-            };
+            }
             // Event sums: keyed by each matching event.
-            self.touched.clear();
+            self.visit_seq += 1;
             for p in pv_range {
-                if !self.filters.event.is_empty() && !pv_match(&local, e, p) {
+                if has_event_filters && !pv_match(&local, c, p) {
                     continue;
                 }
-                self.event_key(&local, e, EventAt::Pageview(p));
-                let eng = u64::from(e.pageviews.engaged_ms.get(p));
-                let scroll = e.pageviews.scroll.get(p);
-                self.add_event(true, eng, eng > 0 || scroll > 0, scroll);
+                self.event_key(&local, c, EventAt::Pageview(p));
+                let r = self.rows.at(&self.key);
+                self.add_event(r, visitor, true, c.pv_engaged_ms[p], c.pv_scroll[p]);
             }
             for x in ev_range {
-                if !self.filters.event.is_empty() && !ev_match(&local, e, x) {
+                if has_event_filters && !ev_match(&local, c, x) {
                     continue;
                 }
-                self.event_key(&local, e, EventAt::Custom(x));
-                self.add_event(false, 0, false, 0);
-            }
-            for t in 0..self.touched.len() {
-                let (r, eng, reported, scroll) = self.touched[t];
-                let acc = &mut self.rows.accs[r];
-                if self.event_rows {
-                    acc.visits += 1;
-                    acc.visitor(visitor, &mut self.dirty, r);
-                }
-                acc.engaged_ms += eng;
-                acc.engaged_visits += u64::from(reported && eng > 0);
-                if scroll > 0 {
-                    acc.scroll_sum += u64::from(scroll - 1);
-                    acc.scroll_visits += 1;
-                }
+                self.event_key(&local, c, EventAt::Custom(x));
+                let r = self.rows.at(&self.key);
+                self.add_event(r, visitor, false, 0, 0);
             }
         }
-        // The day's visitors into the rows' bitmaps.
-        for r in self.dirty.drain(..) {
-            self.rows.accs[r].settle();
-        }
-        if !self.total_fresh.is_empty()
-            && let Ok(day) = RoaringBitmap::from_sorted_iter(self.total_fresh.drain(..))
-        {
-            self.total |= day;
+        self.end_day();
+    }
+
+    /// The visits of a day for a question that keys them by at most one visit value and
+    /// needs no events (most questions): each local value's row looked up once, then one
+    /// tight pass.
+    fn add_visits(&mut self, local: &Local, c: &Decoded) {
+        let n = c.visitor.len();
+        // The row of each local index of the keying column (all visits: one row).
+        let (col, rows_of): (&[u32], Vec<u32>) = match self.slots.first() {
+            None => (&[], vec![self.rows.at(&[]) as u32]),
+            Some(Slot::Time(g)) => {
+                let v = local.time_value(0, *g, 0);
+                (&[], vec![self.rows.at(&[v]) as u32])
+            }
+            Some(s) => {
+                let col: &[u32] = match s {
+                    Slot::Src(_) => &c.src,
+                    Slot::Agent(_) => &c.agent,
+                    Slot::Entry | Slot::Page => &c.entry,
+                    _ => &c.exit,
+                };
+                let rows = &mut self.rows;
+                (
+                    col,
+                    local.values[0]
+                        .iter()
+                        .map(|v| rows.at(&[*v]) as u32)
+                        .collect(),
+                )
+            }
+        };
+        let filtered = !self.filters.visit.is_empty();
+        let accs = &mut self.rows.accs;
+        for i in 0..n {
+            if filtered
+                && !(local.src_ok[c.src[i] as usize]
+                    && local.agent_ok[c.agent[i] as usize]
+                    && local.entry_ok[c.entry[i] as usize]
+                    && local.exit_ok[c.exit[i] as usize])
+            {
+                continue;
+            }
+            let r = match col.get(i) {
+                Some(&x) => rows_of[x as usize] as usize,
+                None => rows_of[0] as usize,
+            };
+            let (pageviews, customs, visitor) = (c.pageviews[i], c.events[i], c.visitor[i]);
+            let acc = &mut accs[r];
+            acc.visits += 1;
+            acc.whole_visits += 1;
+            acc.bounce_visits += 1;
+            acc.bounces += u64::from(pageviews < 2 && customs == 0);
+            acc.duration_s += u64::from(c.duration_s[i]);
+            acc.whole_pageviews += u64::from(pageviews);
+            acc.pageviews += u64::from(pageviews);
+            acc.events += u64::from(pageviews + customs);
+            acc.visitor(visitor, &mut self.dirty, r, &mut self.pending);
+            if self.want_total && self.total_pending.last() != Some(&visitor) {
+                self.total_pending.push(visitor);
+                self.pending += 1;
+            }
         }
     }
 
-    fn event_key(&mut self, local: &Local, e: &Events, at: EventAt) {
+    /// Merge what is due of the day's visitors.
+    fn end_day(&mut self) {
+        if self.pending > MAX_PENDING {
+            self.settle();
+        } else {
+            let accs = &mut self.rows.accs;
+            let mut settled = 0;
+            self.dirty.retain(|&r| {
+                let acc = &mut accs[r];
+                if due(&acc.visitors, &acc.pending) {
+                    settled += acc.pending.len();
+                    acc.settle();
+                    false
+                } else {
+                    true
+                }
+            });
+            if due(&self.total, &self.total_pending) {
+                settled += self.total_pending.len();
+                settle(&mut self.total, &mut self.total_pending);
+            }
+            self.pending -= settled;
+        }
+    }
+
+    /// Merge every pending visitor into the bitmaps now (else they are merged when due, and
+    /// at the end).
+    pub fn settle(&mut self) {
+        for r in self.dirty.drain(..) {
+            self.rows.accs[r].settle();
+        }
+        settle(&mut self.total, &mut self.total_pending);
+        self.pending = 0;
+    }
+
+    fn event_key(&mut self, local: &Local, c: &Decoded, at: EventAt) {
         for (k, s) in self.slots.iter().enumerate() {
             match (s, at) {
                 (Slot::Page, EventAt::Pageview(p)) => {
-                    self.key[k] = local.values[k][e.pageviews.page.get(p) as usize + 1];
+                    self.key[k] = local.values[k][c.pv_page[p] as usize + 1];
                 }
                 (Slot::Page, EventAt::Custom(x)) => {
-                    self.key[k] = local.values[k][e.customs.page.get(x) as usize + 1];
+                    self.key[k] = local.values[k][c.c_page[x] as usize + 1];
                 }
                 (Slot::Name, EventAt::Pageview(_)) => self.key[k] = local.pageview_value[k],
                 (Slot::Name, EventAt::Custom(x)) => {
-                    self.key[k] = local.values[k][e.customs.name.get(x) as usize];
+                    self.key[k] = local.values[k][c.c_name[x] as usize];
                 }
                 (Slot::Time(g), EventAt::Pageview(p)) => {
-                    self.key[k] = local.time_value(k, *g, e.pageviews.at_s.get(p));
+                    self.key[k] = local.time_value(k, *g, c.pv_at_s[p]);
                 }
                 (Slot::Time(g), EventAt::Custom(x)) => {
-                    self.key[k] = local.time_value(k, *g, e.customs.at_s.get(x));
+                    self.key[k] = local.time_value(k, *g, c.c_at_s[x]);
                 }
                 // Visit dimensions keep the visit's value, set for its whole-visit sums.
                 _ => {}
@@ -419,19 +548,23 @@ impl<'q> Evaluator<'q> {
         }
     }
 
-    fn add_event(&mut self, pageview: bool, eng: u64, reported: bool, scroll: u32) {
-        let r = self.rows.at(&self.key);
+    /// Count an event of the current visit (`visit_seq`) by `visitor` in row `r`.
+    #[inline]
+    fn add_event(&mut self, r: usize, visitor: u32, pageview: bool, engaged_ms: u32, scroll: u32) {
         let acc = &mut self.rows.accs[r];
         acc.events += 1;
         acc.pageviews += u64::from(pageview);
-        match self.touched.iter_mut().find(|t| t.0 == r) {
-            Some(t) => {
-                t.1 += eng;
-                t.2 |= reported;
-                t.3 = t.3.max(scroll);
+        if acc.visit != self.visit_seq {
+            // The row's first event of this visit: the row's previous visit is complete.
+            acc.close_visit();
+            acc.visit = self.visit_seq;
+            if self.event_rows {
+                acc.visits += 1;
+                acc.visitor(visitor, &mut self.dirty, r, &mut self.pending);
             }
-            None => self.touched.push((r, eng, reported, scroll)),
         }
+        acc.visit_engaged_ms += u64::from(engaged_ms);
+        acc.visit_scroll = acc.visit_scroll.max(scroll);
     }
 
     /// Add sums without visitor ids to the rows their values (and day) name. The caller hands
@@ -449,10 +582,74 @@ impl<'q> Evaluator<'q> {
         Ok(())
     }
 
+    /// About how many bytes this state holds (rows, their visitor sets, interned values and
+    /// memoised verdicts): what keeping a copy of it costs.
+    pub fn size(&self) -> usize {
+        let rows: usize = self
+            .rows
+            .accs
+            .iter()
+            .map(|a| size_of::<Acc>() + a.visitors.serialized_size() + a.pending.capacity() * 4)
+            .sum();
+        let keys = self.rows.keys.len() * (16 + 4 * self.key.len()) * 2 + self.rows.dense.len() * 4;
+        let values: usize = self
+            .values
+            .iter()
+            .flat_map(|v| v.names.iter())
+            .map(|n| n.len() + 48)
+            .sum();
+        rows + keys
+            + values
+            + self.memo.size()
+            + self.total.serialized_size()
+            + self.total_pending.capacity() * 4
+    }
+
+    /// The same question over no days yet: for other days, to [`Evaluator::merge`] back.
+    pub fn fresh(&self) -> Self {
+        Self::checked(&self.query, self.from, self.to, &self.zone)
+    }
+
+    /// Fold in `other`, the same question over other days (visits never span two days, so
+    /// sums add and visitor sets unite exactly).
+    pub fn merge(&mut self, mut other: Evaluator) {
+        other.settle();
+        let width = self.key.len();
+        let mut key = vec![0u32; width];
+        for (other_key, mut acc) in other.rows.keys.iter().zip(other.rows.accs) {
+            acc.close_visit();
+            for (k, id) in other_key.iter().enumerate() {
+                key[k] = self.values[k].id(&other.values[k].names[*id as usize]);
+            }
+            let r = self.rows.at(&key);
+            let mine = &mut self.rows.accs[r];
+            mine.events += acc.events;
+            mine.pageviews += acc.pageviews;
+            mine.visits += acc.visits;
+            mine.visitors |= acc.visitors;
+            mine.extra_visitors += acc.extra_visitors;
+            mine.whole_visits += acc.whole_visits;
+            mine.duration_s += acc.duration_s;
+            mine.whole_pageviews += acc.whole_pageviews;
+            mine.bounce_visits += acc.bounce_visits;
+            mine.bounces += acc.bounces;
+            mine.engaged_ms += acc.engaged_ms;
+            mine.engaged_visits += acc.engaged_visits;
+            mine.scroll_sum += acc.scroll_sum;
+            mine.scroll_visits += acc.scroll_visits;
+        }
+        self.total |= other.total;
+        self.extra_total += other.extra_total;
+    }
+
     /// The answer.
-    pub fn finish(self) -> Answer {
+    pub fn finish(mut self) -> Answer {
+        self.settle();
+        for acc in &mut self.rows.accs {
+            acc.close_visit();
+        }
         finish(
-            self.query,
+            &self.query,
             self.rows,
             self.values,
             self.total.len() + self.extra_total,
@@ -463,17 +660,27 @@ impl<'q> Evaluator<'q> {
 }
 
 #[inline]
-fn pv_match(local: &Local, e: &Events, p: usize) -> bool {
-    local.page_ok[e.pageviews.page.get(p) as usize] && local.pageview_ok
+fn pv_match(local: &Local, c: &Decoded, p: usize) -> bool {
+    local.page_ok[c.pv_page[p] as usize] && local.pageview_ok
 }
 
 #[inline]
-fn ev_match(local: &Local, e: &Events, x: usize) -> bool {
-    local.page_ok[e.customs.page.get(x) as usize] && local.name_ok[e.customs.name.get(x) as usize]
+fn ev_match(local: &Local, c: &Decoded, x: usize) -> bool {
+    local.page_ok[c.c_page[x] as usize] && local.name_ok[c.c_name[x] as usize]
 }
 
 /// A day's parts as [`run`] takes them.
 pub type Day<'a> = (Date, &'a Segment, Option<&'a Events>);
+
+/// One day as an [`Evaluator`] reads it: its parts, and their columns decoded
+/// ([`Decoded::fill`] of the same parts, once for every question of a read).
+#[derive(Clone, Copy)]
+pub struct DayInput<'a> {
+    pub day: Date,
+    pub seg: &'a Segment,
+    pub events: Option<&'a Events>,
+    pub cols: &'a Decoded,
+}
 
 /// Answer `query` from the segments of the local days `from..=to` of a site in `zone`
 /// (`segments` holds the days that have data, any order, with their events parts).
@@ -499,8 +706,17 @@ pub fn run_with(
     extra: &[Extra],
 ) -> Result<Answer, Invalid> {
     let mut e = Evaluator::new(query, from, to, zone)?;
-    for (day, seg, events) in segments {
-        e.add(*day, seg, *events, dict);
+    let mut cols = Decoded::default();
+    for &(day, seg, events) in segments {
+        let events = events.filter(|_| e.needs_events());
+        cols.fill(seg, events);
+        let input = DayInput {
+            day,
+            seg,
+            events,
+            cols: &cols,
+        };
+        e.add(&input, dict);
     }
     e.add_extra(extra)?;
     Ok(e.finish())

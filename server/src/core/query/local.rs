@@ -9,17 +9,26 @@ use std::sync::Arc;
 
 use jiff::civil::Date;
 
-use super::eval::Dictionary;
 use super::{Dimension, Filter, Grain, VisitDim};
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
 use crate::core::segment::{Events, Segment};
 
+/// What the evaluator needs to know of stored ids.
+pub trait Dictionary {
+    /// A page's path (`None`: unknown id).
+    fn page(&self, id: u32) -> Option<&str>;
+    /// A source tuple (`None`: none recorded).
+    fn source(&self, id: u32) -> Option<&SourceDims>;
+    /// An agent tuple (`None`: none recorded).
+    fn agent(&self, id: u32) -> Option<&AgentDims>;
+}
+
 /// A page view's name for `event:name`.
 pub(super) const PAGEVIEW: &str = "pageview";
 
 /// Interned values of one dimension (each value held once, by both maps).
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Values {
     ids: HashMap<Arc<str>, u32, foldhash::fast::RandomState>,
     pub(super) names: Vec<Arc<str>>,
@@ -121,7 +130,7 @@ static EMPTY_AGENT: AgentDims = AgentDims {
 /// A stored id's filter verdict and value numbers (per dimension position).
 type Verdict = (bool, Vec<u32>);
 /// What one question memoises across its segments.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Memo {
     srcs: HashMap<u32, Verdict, foldhash::fast::RandomState>,
     agents: HashMap<u32, Verdict, foldhash::fast::RandomState>,
@@ -133,10 +142,25 @@ pub(super) struct Memo {
     page_values: Vec<u32>,
 }
 
+impl Memo {
+    /// About how many bytes the memo holds.
+    pub(super) fn size(&self) -> usize {
+        let verdicts = |m: &HashMap<u32, Verdict, _>| -> usize {
+            m.values().map(|(_, v)| 40 + v.len() * 4).sum()
+        };
+        verdicts(&self.srcs)
+            + verdicts(&self.agents)
+            + self.pages.len() * 16
+            + self.page_flags.len()
+            + self.page_values.len() * 4
+    }
+}
+
 /// The filters of a question, by where they apply.
-pub(super) struct Filters<'q> {
-    pub visit: Vec<&'q Filter>,
-    pub event: Vec<&'q Filter>,
+#[derive(Clone)]
+pub(super) struct Filters {
+    pub visit: Vec<Filter>,
+    pub event: Vec<Filter>,
 }
 
 /// Per-segment tables: every local dictionary entry resolved once.
@@ -216,7 +240,7 @@ fn hours_of(day: Date, zone: &SiteZone, day_start_ms: i64) -> Vec<(u32, i8)> {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn resolve(
     slots: &[Slot],
-    filters: &Filters<'_>,
+    filters: &Filters,
     (day, from): (Date, Date),
     zone: &SiteZone,
     seg: &Segment,
@@ -324,7 +348,7 @@ pub(super) fn resolve(
             Some(at) => *at as usize,
             None => {
                 let path = dict.page(id).unwrap_or("");
-                let pass = |dim: Dimension, fs: &[&Filter]| {
+                let pass = |dim: Dimension, fs: &[Filter]| {
                     fs.iter()
                         .filter(|f| f.dimension == dim)
                         .all(|f| f.accepts(path))
@@ -359,7 +383,7 @@ pub(super) fn resolve(
             _ => {}
         }
     }
-    let name_filters: Vec<&&Filter> = event_filters
+    let name_filters: Vec<&Filter> = event_filters
         .iter()
         .filter(|f| f.dimension == Dimension::Name)
         .collect();

@@ -30,7 +30,7 @@ mod eval;
 mod local;
 
 pub use eval::{
-    Answer, Day, Dictionary, Evaluator, Extra, Row, Sums, Value, order_of, run, run_with,
+    Answer, Day, DayInput, Dictionary, Evaluator, Extra, Row, Sums, Value, order_of, run, run_with,
 };
 
 /// A metric that can be asked for.
