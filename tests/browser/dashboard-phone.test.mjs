@@ -103,9 +103,9 @@ test('dashboard reads well on a phone and a desktop (axe, label sizes, fold, scr
       // The range buttons sit on one line.
       const tops = await page.locator('nav.ranges a').evaluateAll((as) => as.map((a) => a.getBoundingClientRect().top));
       assert.equal(new Set(tops).size, 1, `${size.name}: range buttons wrap`);
-      // The page path is shown decoded, with the full path on hover.
-      const cell = page.locator('#top-pages td.label', { hasText: 'café' });
-      assert.equal(await cell.getAttribute('title'), '/posts/café-über-zähler');
+      // The page path is shown decoded, in a link that filters by it (its title says so).
+      const cell = page.locator('#top-pages td.label a', { hasText: 'café' });
+      assert.equal(await cell.getAttribute('title'), 'Filter by page: /posts/café-über-zähler');
       assert.equal(await page.locator('#events td.label').first().textContent(), 'signup');
 
       const dir = process.env.UPDATE_SCREENSHOTS === '1' ? join(ROOT, 'docs') : join(ROOT, 'target', 'screenshots');

@@ -49,20 +49,15 @@ test('dashboard shows the known numbers and looks like a product', async () => {
       });
       assert.equal((await r.json()).status, 'accepted');
     }
-    const today = localDay(now);
-    const todays = data.filter(([ago]) => localDay(now - ago * HOUR) === today);
     const distinct = (rows) => new Set(rows.map((r) => r[2])).size;
 
     const { context } = { context: await browser.newContext({ userAgent: USER_AGENT, viewport: { width: 1200, height: 900 } }) };
     const page = await context.newPage();
     const res = await page.goto(`${tally.url}/dashboard/shop?range=7d`);
     assert.equal(res.status(), 200);
-    const card = (id, field) => page.locator(`#card-${id} [data-field="${field}"]`).first().textContent();
-    assert.equal(num(await card('today', 'views')), todays.length, 'today views');
-    assert.equal(num(await card('today', 'visitors')), distinct(todays), 'today visitors');
-    assert.equal(num(await card('d7', 'views')), data.length, '7-day views');
-    assert.equal(num(await card('d7', 'visitors')), distinct(data), '7-day visitors are distinct, not summed');
-    assert.equal(num(await card('all', 'views')), data.length, 'all-time views');
+    const card = (id) => page.locator(`#card-${id} [data-field="value"]`).first().textContent();
+    assert.equal(num(await card('visitors')), distinct(data), '7-day visitors are distinct, not summed');
+    assert.equal(num(await card('pageviews')), data.length, '7-day pageviews');
 
     const rows = await page.locator('#top-pages tbody tr').evaluateAll((trs) =>
       trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.textContent.trim())));
@@ -73,15 +68,39 @@ test('dashboard shows the known numbers and looks like a product', async () => {
       byPage[key].visitors.add(v);
     }
     const expected = Object.entries(byPage)
-      // Paths are shown percent-decoded; nothing is live: all older than 60 s.
-      .map(([p, s]) => [decodeURIComponent(p), String(s.views), String(s.visitors.size), '0'])
+      // Paths are shown percent-decoded; no engagement reported (–); nothing is live: all
+      // older than 60 s.
+      .map(([p, s]) => [decodeURIComponent(p), String(s.visitors.size), String(s.views), '–', '0'])
       .sort((a, b) => Number(b[1]) - Number(a[1]) || a[0].localeCompare(b[0]));
     assert.deepEqual(rows, expected);
     assert.ok(rows.some(([p]) => p === '/docs/<b>intro</b>'), 'attacker-shaped paths appear (decoded) as text');
     assert.equal(await page.locator('#top-pages b').count(), 0, 'no markup injected from page paths');
 
-    const refs = await page.locator('#top-referrers tbody tr td:first-child').allTextContents();
-    assert.deepEqual(refs.map((s) => s.trim()), ['news.example', 'search.example', 'social.example']);
+    // Sources: the referring hosts (no name in the source list), and the direct visits.
+    const sources = await page.locator('#sources tbody tr td:first-child').allTextContents();
+    assert.deepEqual(sources.map((s) => s.trim()).sort(),
+      ['Direct / None', 'news.example', 'search.example', 'social.example']);
+    // Clicking a source filters the whole dashboard by it.
+    await page.locator('#sources a', { hasText: 'news.example' }).click();
+    await page.waitForURL(/f=is%2Cvisit%3Asource%2Cnews\.example/);
+    // A visit's source is its first view's referrer (visits: gaps of at most 30 minutes, within
+    // one local day), so a referred view inside a direct visit does not count.
+    const entries = [];
+    for (const v of new Set(data.map((r) => r[2]))) {
+      const views = data.filter((r) => r[2] === v).sort((a, b) => b[0] - a[0]);
+      views.forEach((r, i) => {
+        const prev = views[i - 1];
+        if (!prev || prev[0] - r[0] > 0.5 || localDay(now - prev[0] * HOUR) !== localDay(now - r[0] * HOUR)) {
+          entries.push(r);
+        }
+      });
+    }
+    const fromNews = entries.filter(([, , , r]) => r && r.includes('news.example'));
+    assert.ok(fromNews.length < data.filter(([, , , r]) => r && r.includes('news.example')).length,
+      'the data has a referred view inside a direct visit');
+    assert.equal(num(await card('visitors')), distinct(fromNews), 'visitors from news.example');
+    assert.equal(await page.locator('ul.chips li').count(), 1, 'the filter is shown');
+    await page.goBack();
     // One bar group per day of the range in the chart.
     assert.equal(await page.locator('.chart svg .views').count(), 7);
 
