@@ -20,7 +20,7 @@ export const USER_AGENT =
   'Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 Safari/537.36';
 // The user agent is also set for the whole browser: a beacon sent while a page unloads does not
 // carry the context's user agent (it would go out as HeadlessChrome and be filtered).
-const CHROMIUM_ARGS = [
+export const CHROMIUM_ARGS = [
   '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
   '--disable-background-networking', '--disable-component-update', '--disable-sync',
   `--user-agent=${USER_AGENT}`,
