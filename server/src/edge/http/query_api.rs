@@ -47,25 +47,28 @@ const MAX_VALUES: usize = 256;
 #[serde(deny_unknown_fields)]
 pub(super) struct QueryRequest {
     /// The site id.
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$", example = "blog")]
     site_id: String,
     /// Metrics, in the order their values are answered.
-    #[schema(min_items = 1)]
+    #[schema(schema_with = doc::metrics)]
     metrics: Vec<String>,
     /// `day`, `Nd` (`7d`, `28d`, `30d`, `91d`: the N days before today), `month`, `Nmo`
     /// (`6mo`, `12mo`: whole months before this one), `year`, `all`, or `[from, to]` (dates,
     /// or datetimes whose local dates are used).
-    #[schema(value_type = Object)]
+    #[schema(schema_with = doc::date_range)]
     date_range: Json_,
-    /// What rows are grouped by.
+    /// What rows are grouped by (`time`: hours, days, weeks or months by the range's length).
     #[serde(default)]
+    #[schema(schema_with = doc::dimensions)]
     dimensions: Vec<String>,
     /// `[operator, dimension, [values], {"case_sensitive": bool}?]`, ANDed; `["and", [...]]`
     /// is flattened.
     #[serde(default)]
-    #[schema(value_type = Vec<Object>)]
+    #[schema(schema_with = doc::filters)]
     filters: Vec<Json_>,
-    /// `[[metric or dimension, "asc" | "desc"], …]`.
+    /// `[[metric or dimension, "asc" | "desc"], …]`: each a metric or dimension of the query.
     #[serde(default)]
+    #[schema(schema_with = doc::order_by)]
     order_by: Vec<(String, String)>,
     #[serde(default)]
     include: Include,
@@ -113,6 +116,99 @@ impl Default for Pagination {
     }
 }
 
+/// The request's fields in the OpenAPI document, from the tables the request is read with
+/// (so the document lists exactly what is supported).
+mod doc {
+    use serde_json::{Value, json};
+    use utoipa::openapi::schema::Schema;
+
+    use crate::core::query::{Dimension, Metric, Op};
+
+    fn schema(value: Value) -> Schema {
+        // A fixed shape written here, checked by the OpenAPI test: not input.
+        serde_json::from_value(value).expect("a valid schema")
+    }
+
+    fn metric_names() -> Vec<&'static str> {
+        Metric::ALL.iter().map(|m| m.name()).collect()
+    }
+
+    fn dimension_names(time: bool) -> Vec<&'static str> {
+        let named = Dimension::ALL
+            .iter()
+            .filter(|(_, d)| time || !matches!(d, Dimension::Time(_)))
+            .map(|(n, _)| *n);
+        if time {
+            std::iter::once("time").chain(named).collect()
+        } else {
+            named.collect()
+        }
+    }
+
+    pub(super) fn metrics() -> Schema {
+        schema(json!({
+            "type": "array", "minItems": 1, "uniqueItems": true,
+            "items": {"type": "string", "enum": metric_names()}
+        }))
+    }
+
+    pub(super) fn dimensions() -> Schema {
+        schema(json!({
+            "type": "array", "uniqueItems": true,
+            "items": {"type": "string", "enum": dimension_names(true)}
+        }))
+    }
+
+    pub(super) fn date_range() -> Schema {
+        schema(json!({
+            "oneOf": [
+                {"type": "string", "enum": ["day", "7d", "28d", "30d", "91d", "month", "6mo", "12mo", "year", "all"]},
+                {"type": "array", "minItems": 2, "maxItems": 2,
+                 "prefixItems": [{"type": "string", "format": "date"}, {"type": "string", "format": "date"}],
+                 "items": false,
+                 "description": "[from, to]: from not after to, at most 10 years apart"}
+            ]
+        }))
+    }
+
+    pub(super) fn filters() -> Schema {
+        let ops: Vec<&str> = Op::ALL.iter().map(|(n, _)| *n).collect();
+        schema(json!({
+            "type": "array", "maxItems": 64,
+            "items": {
+                "type": "array", "minItems": 3, "maxItems": 4,
+                "prefixItems": [
+                    {"type": "string", "enum": ops},
+                    {"type": "string", "enum": dimension_names(false)},
+                    {"type": "array", "minItems": 1, "maxItems": 256, "items": {"type": "string"}},
+                    {"type": "object", "additionalProperties": false,
+                     "properties": {"case_sensitive": {"type": "boolean"}}}
+                ],
+                "items": false
+            }
+        }))
+    }
+
+    pub(super) fn metric_values() -> Schema {
+        schema(json!({"type": "array", "items": {"type": ["number", "null"]}}))
+    }
+
+    pub(super) fn order_by() -> Schema {
+        let keys: Vec<&str> = metric_names()
+            .into_iter()
+            .chain(Dimension::ALL.iter().map(|(n, _)| *n))
+            .collect();
+        schema(json!({
+            "type": "array",
+            "items": {
+                "type": "array", "minItems": 2, "maxItems": 2,
+                "prefixItems": [{"type": "string", "enum": keys}, {"type": "string", "enum": ["asc", "desc"]}],
+                "items": false
+            }
+        }))
+    }
+}
+
 /// The answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(super) struct QueryResponse {
@@ -126,7 +222,8 @@ pub(super) struct QueryResponse {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 struct ResultRow {
     dimensions: Vec<String>,
-    #[schema(value_type = Vec<Object>)]
+    /// The metrics' values in query order: a number, or null where a ratio has no base.
+    #[schema(schema_with = doc::metric_values)]
     metrics: Vec<Json_>,
 }
 
