@@ -8,8 +8,8 @@
 //!   day deletes its segment; a new seal has a new version). Open days are read whole at every
 //!   read, so an answer includes every acknowledged event. A day unsealed or sealed again
 //!   between the index and the read of its parts restarts the answer.
-//! - **Bounded.** The days of a range are read and evaluated in chunks of [`CHUNK_DAYS`]: a
-//!   question holds at most one chunk it does not keep. Kept parts (visits and events parts
+//! - **Bounded.** The days of a range are read and evaluated in chunks of [`CHUNK_DAYS`], the
+//!   next read while one is counted: a question holds at most two chunks it does not keep. Kept parts (visits and events parts
 //!   apart: most questions read only the visits part) stay under the budget, the oldest kept
 //!   first to go. Dictionary entries stay under their own budget.
 //! - **Kept states are exact.** Each question's state over the sealed days of its range is
@@ -448,12 +448,27 @@ impl Analytics {
             let fresh: Vec<Evaluator> = missed.iter().map(|&i| evaluators[i].fresh()).collect();
             let need_events = fresh.iter().any(Evaluator::needs_events);
             let mut counting = Counting::new(fresh);
-            for chunk in index.sealed.chunks(CHUNK_DAYS) {
-                let Ok(days) = self.sealed(site, chunk, need_events).await? else {
+            // Each chunk is read while the one before it is counted.
+            let mut chunks = index.sealed.chunks(CHUNK_DAYS);
+            let mut next = match chunks.next() {
+                Some(chunk) => Some(self.sealed(site, chunk, need_events).await?),
+                None => None,
+            };
+            while let Some(read) = next.take() {
+                let Ok(days) = read else {
                     return Ok(Err(Changed));
                 };
                 dict = self.complete(site, dict, &days).await?;
-                counting = counting.count(days, Arc::clone(&dict)).await?;
+                let following = chunks.next();
+                let (counted, read) =
+                    tokio::join!(counting.count(days, Arc::clone(&dict)), async {
+                        match following {
+                            Some(chunk) => Some(self.sealed(site, chunk, need_events).await),
+                            None => None,
+                        }
+                    });
+                counting = counted?;
+                next = read.transpose()?;
             }
             let counted = counting.finish().await?;
             let mut partials = self.partials();
