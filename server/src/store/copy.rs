@@ -24,6 +24,12 @@
 //!   and never recount them.
 //! - The import ledger is copied too, so an import re-run against PostgreSQL after the copy
 //!   counts nothing twice.
+//! - The analytics tables are copied with their ids: dimension tuples (`dims`) and each
+//!   event's tuples and engagement, visitor numbers and sealed day segments (their
+//!   dictionary ids and visitor numbers stay valid, so a day whose raw events were pruned
+//!   keeps its visits); the tuple and visitor-number identities and the segment versions are
+//!   moved past the copied ones. SQLite's `day_revs` is not needed by PostgreSQL (it orders
+//!   seals and writes with advisory locks).
 
 use crate::store::StoreError;
 
@@ -111,11 +117,38 @@ pub const TABLES: &[Table] = &[
         expect: "SELECT count(*) FROM page_quota",
     },
     Table {
-        pg: "events (site, event_id, source, kind, page, name, dedupe, visitor, at_ms, day, referrer)",
-        cols: &[I64, Uuid, I16, I16, I64, Text, Text, Bytes, I64, I32, Text],
+        pg: "dims (site, id, kind, value)",
+        cols: &[I64, I64, I16, Text],
+        select: "SELECT site, id, kind, value FROM dims",
+        expect: "SELECT count(*) FROM dims",
+    },
+    Table {
+        pg: "dim_quota (site, day, kind, created)",
+        cols: &[I64, I32, I16, I32],
+        select: "SELECT site, day, kind, created FROM dim_quota",
+        expect: "SELECT count(*) FROM dim_quota",
+    },
+    Table {
+        pg: "events (site, event_id, source, kind, page, name, dedupe, visitor, at_ms, day, \
+             referrer, src, agent, engaged_ms, scroll)",
+        cols: &[
+            I64, Uuid, I16, I16, I64, Text, Text, Bytes, I64, I32, Text, I64, I64, I64, I16,
+        ],
         select: "SELECT site, event_id, source, kind, page, name, dedupe, visitor, at_ms, day, \
-                 referrer FROM events",
+                 referrer, src, agent, engaged_ms, scroll FROM events",
         expect: "SELECT count(*) FROM events",
+    },
+    Table {
+        pg: "visitor_numbers (site, num, visitor)",
+        cols: &[I64, I64, Bytes],
+        select: "SELECT site, num, visitor FROM visitor_numbers",
+        expect: "SELECT count(*) FROM visitor_numbers",
+    },
+    Table {
+        pg: "segments (site, day, version, visits, events)",
+        cols: &[I64, I32, I64, Bytes, Bytes],
+        select: "SELECT site, day, version, visits, events FROM segments",
+        expect: "SELECT count(*) FROM segments",
     },
     Table {
         pg: "event_keys (site, name, dedupe, event_id)",

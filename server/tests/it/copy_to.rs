@@ -1,7 +1,7 @@
 //! `tally copy-to`: a SQLite database copied into an empty PostgreSQL database answers every
 //! read as the SQLite one did, counts the next traffic as SQLite would have (returning
 //! visitors, resent event ids and dedupe keys included), verifies clean, and is never copied
-//! over live data. On the real PostgreSQL (`TALLY_TEST_POSTGRES`), a fresh schema per test.
+//! over live data; visits keep their dimensions, engagement and sealed days. On the real PostgreSQL (`TALLY_TEST_POSTGRES`), a fresh schema per test.
 
 use std::sync::Arc;
 
@@ -10,13 +10,16 @@ use tally::core::day::SiteZone;
 use tally::core::filtered::{FilteredRow, Reason};
 use tally::core::hit::HitKind;
 use tally::core::ids::{DedupeKey, EventName, PagePath, SiteId, VisitorKey};
+use tally::core::query::{Dimension, Metric, Value, VisitDim};
 use tally::core::record::{Outcome, Record, Source};
+use tally::store::analytics::Analytics;
 use tally::store::copy::sqlite_to_postgres;
 use tally::store::imported::{ImportedRow, ImportedSums, Table, encode};
 use tally::store::sqlite::{DailyImport, SqliteStore, StoreOptions, SyncMode};
 use tally::store::{EventSink, ImportSink, Site, SiteStore, Store};
 use tally_wire::Numbers;
 
+use crate::segment_store as seg;
 use crate::store_conformance::postgres::Db;
 
 const SITES: [&str; 2] = ["blog", "shop"];
@@ -316,6 +319,35 @@ async fn a_copy_answers_and_counts_on_as_the_sqlite_file_did() {
     let sqlite = sqlite_at(&path);
     fill(sqlite.as_ref()).await;
     fill_sqlite_only(&sqlite, &path).await;
+    // Visits with sources, agents and engagement, their first day sealed: after the copy they
+    // answer the same, the sealed day from its copied segment.
+    let a = seg::view(
+        1,
+        1,
+        "/a",
+        "2026-03-02T10:00:00Z",
+        ("Google", "Organic Search", "Firefox"),
+    );
+    let analytics_days = vec![
+        a.clone(),
+        seg::engagement(&a, 30_000, Some(70)),
+        seg::view(2, 2, "/b", "2026-03-02T11:00:00Z", ("", "Direct", "Chrome")),
+        seg::view(
+            3,
+            1,
+            "/b",
+            "2026-03-03T09:00:00Z",
+            ("", "Direct", "Firefox"),
+        ),
+    ];
+    let sqlite_store: Arc<dyn Store> = sqlite.clone();
+    sqlite_store.commit(analytics_days).await.expect("commit");
+    assert!(
+        sqlite_store
+            .seal_day(&seg::site(), seg::D1, seg::day_start(seg::D1))
+            .await
+            .expect("seal")
+    );
     let pg = db.pg_store(1000).await;
     let report = sqlite_to_postgres(&sqlite, &pg).await.expect("copy");
     let rows = |name: &str| {
@@ -331,6 +363,8 @@ async fn a_copy_answers_and_counts_on_as_the_sqlite_file_did() {
     assert_eq!(rows("event_keys"), 1, "the one dedupe key");
     assert_eq!(rows("salts"), 1);
     assert_eq!(rows("imported_dims"), 3);
+    assert_eq!(rows("segments"), 1);
+    assert!(rows("dims") >= 4 && rows("visitor_numbers") == 2);
 
     let (sqlite_dyn, pg_dyn): (Arc<dyn Store>, Arc<dyn Store>) = (sqlite.clone(), Arc::new(pg));
     assert_same(
@@ -338,6 +372,54 @@ async fn a_copy_answers_and_counts_on_as_the_sqlite_file_did() {
         &everything(sqlite_dyn.as_ref()).await,
         "after the copy",
     );
+    let questions = [
+        seg::q(
+            &[Metric::Visitors, Metric::Visits, Metric::BounceRate],
+            &[Dimension::Visit(VisitDim::Source)],
+            vec![],
+        ),
+        seg::q(
+            &[Metric::Visitors, Metric::TimeOnPage, Metric::ScrollDepth],
+            &[Dimension::Page],
+            vec![],
+        ),
+        seg::q(
+            &[Metric::Visitors],
+            &[Dimension::Visit(VisitDim::Browser)],
+            vec![],
+        ),
+    ];
+    let ask = |store: Arc<dyn Store>| {
+        let questions = questions.clone();
+        async move {
+            let index = store
+                .segment_index(&seg::site(), seg::D1, seg::D2)
+                .await
+                .expect("index");
+            let answers = Analytics::new(store, 8 << 20)
+                .answer(&seg::site(), &SiteZone::utc(), seg::D1, seg::D2, &questions)
+                .await
+                .expect("answers");
+            (index.sealed.len(), answers)
+        }
+    };
+    let (pg_sealed, on_pg) = ask(pg_dyn.clone()).await;
+    let (sqlite_sealed, on_sqlite) = ask(sqlite_dyn.clone()).await;
+    assert_eq!(
+        (pg_sealed, sqlite_sealed),
+        (1, 1),
+        "the sealed day stays sealed"
+    );
+    assert_eq!(on_pg, on_sqlite);
+    assert!(
+        on_pg[0]
+            .rows
+            .iter()
+            .any(|r| r.dimensions == ["Google"] && r.metrics[0] == Value::Int(1)),
+        "the source survived the copy: {:?}",
+        on_pg[0].rows
+    );
+
     let report = pg_dyn.verify(false).await.expect("verify");
     assert!(report.drift.is_empty() && report.checked > 20, "{report:?}");
 

@@ -18,7 +18,7 @@ use tally::store::{DIM_CAP, ImportOptions, PartsWanted, SegmentIndex, Store, TEM
 
 use crate::store_conformance::Harness;
 
-fn site() -> SiteId {
+pub(crate) fn site() -> SiteId {
     SiteId::parse("s").expect("site")
 }
 
@@ -42,7 +42,7 @@ fn agent(browser: &str, country: &str) -> Arc<str> {
 }
 
 /// A page view at `at` (UTC) of visitor `visitor` on `page`, with dimensions.
-fn view(n: u16, visitor: u8, page: &str, at: &str, dims: (&str, &str, &str)) -> Record {
+pub(crate) fn view(n: u16, visitor: u8, page: &str, at: &str, dims: (&str, &str, &str)) -> Record {
     let at: jiff::Timestamp = at.parse().expect("ts");
     let mut random = [0u8; 10];
     random[4..6].copy_from_slice(&n.to_be_bytes());
@@ -63,7 +63,7 @@ fn view(n: u16, visitor: u8, page: &str, at: &str, dims: (&str, &str, &str)) -> 
     }
 }
 
-fn engagement(of: &Record, engaged_ms: u32, scroll: Option<u8>) -> Record {
+pub(crate) fn engagement(of: &Record, engaged_ms: u32, scroll: Option<u8>) -> Record {
     Record {
         kind: HitKind::Engagement { engaged_ms, scroll },
         dims: Dims::default(),
@@ -71,10 +71,10 @@ fn engagement(of: &Record, engaged_ms: u32, scroll: Option<u8>) -> Record {
     }
 }
 
-const D1: Date = date(2026, 3, 2);
-const D2: Date = date(2026, 3, 3);
+pub(crate) const D1: Date = date(2026, 3, 2);
+pub(crate) const D2: Date = date(2026, 3, 3);
 
-fn day_start(day: Date) -> i64 {
+pub(crate) fn day_start(day: Date) -> i64 {
     SiteZone::utc().span(day, day).0.as_millisecond()
 }
 
@@ -354,7 +354,7 @@ async fn tuples_beyond_the_cap_count_as_other(db: &impl Harness) {
     );
 }
 
-fn q(metrics: &[Metric], dims: &[Dimension], filters: Vec<Filter>) -> Query {
+pub(crate) fn q(metrics: &[Metric], dims: &[Dimension], filters: Vec<Filter>) -> Query {
     Query {
         metrics: metrics.to_vec(),
         dimensions: dims.to_vec(),

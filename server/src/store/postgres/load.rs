@@ -158,13 +158,23 @@ impl PgStore {
             }
             copied.push((table.name(), rows));
         }
-        for table in ["site_keys", "pages"] {
+        for (table, column) in [
+            ("site_keys", "id"),
+            ("pages", "id"),
+            ("dims", "id"),
+            ("visitor_numbers", "num"),
+        ] {
             tx.batch_execute(&format!(
-                "SELECT setval(pg_get_serial_sequence('{table}', 'id'), \
-                 COALESCE(max(id), 0) + 1, false) FROM {table}"
+                "SELECT setval(pg_get_serial_sequence('{table}', '{column}'), \
+                 COALESCE(max({column}), 0) + 1, false) FROM {table}"
             ))
             .await?;
         }
+        tx.batch_execute(
+            "SELECT setval('segment_versions', COALESCE(max(version), 0) + 1, false) \
+             FROM segments",
+        )
+        .await?;
         tx.commit().await?;
         Ok(copied)
     }
