@@ -461,10 +461,15 @@ async fn engage(
     let mut current: HashMap<(i64, Uuid), (i64, i16, bool)> = HashMap::new();
     for row in tx
         .query(
+            // One primary-key probe per key, locked in key order (the keys are sorted): a
+            // plain join left the plan to the statistics of `kind`, which lag on a young,
+            // fast-growing table and once chose a sort of every event (~1 s per batch at
+            // 1.8 M events, against 13 ms so).
             "SELECT e.site, e.event_id, COALESCE(e.engaged_ms, 0), COALESCE(e.scroll, -1)::int2 \
-             FROM events e JOIN unnest($1::int8[], $2::uuid[]) AS u(site, id) \
-             ON e.site = u.site AND e.event_id = u.id WHERE e.kind = 0 \
-             ORDER BY e.site, e.event_id FOR UPDATE OF e",
+             FROM unnest($1::int8[], $2::uuid[]) WITH ORDINALITY AS u(site, id, n) \
+             CROSS JOIN LATERAL (SELECT site, event_id, engaged_ms, scroll FROM events \
+               WHERE site = u.site AND event_id = u.id AND kind = 0 LIMIT 1 FOR UPDATE) e \
+             ORDER BY u.n",
             &[&s, &id],
         )
         .await?
