@@ -3,23 +3,13 @@
 // (Lighthouse's simulated mobile network and CPU), with two days of data on the page.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import * as chromeLauncher from 'chrome-launcher';
 import lighthouse from 'lighthouse';
-import { CHROMIUM_ARGS, USER_AGENT, cleanup, startTally, tallyCommand, tempDir } from './support.mjs';
+import { CHROMIUM_ARGS, USER_AGENT, cleanup, startTally, tallyCommand, tempDir, uuidv7 } from './support.mjs';
 
 const HOUR = 3600 * 1000;
-
-function uuidv7(ms) {
-  const b = randomBytes(16);
-  b.writeUIntBE(ms, 0, 6);
-  b[6] = (b[6] & 0x0f) | 0x70;
-  b[8] = (b[8] & 0x3f) | 0x80;
-  const h = b.toString('hex');
-  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
-}
 
 const FORMS = [
   { name: 'desktop', settings: { formFactor: 'desktop', screenEmulation: { mobile: false, width: 1280, height: 800, deviceScaleFactor: 1, disabled: false } } },

@@ -7,24 +7,14 @@
 // leaves the work tree as it found it).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
-import { ROOT, USER_AGENT, cleanup, launchBrowser, startTally, tallyCommand, tempDir } from './support.mjs';
+import { ROOT, USER_AGENT, cleanup, launchBrowser, startTally, tallyCommand, tempDir, uuidv7 } from './support.mjs';
 
 const require = createRequire(import.meta.url);
 const AXE = readFileSync(require.resolve('axe-core/axe.min.js'), 'utf8');
 const HOUR = 3600 * 1000;
-
-function uuidv7(ms) {
-  const b = randomBytes(16);
-  b.writeUIntBE(ms, 0, 6);
-  b[6] = (b[6] & 0x0f) | 0x70;
-  b[8] = (b[8] & 0x3f) | 0x80;
-  const h = b.toString('hex');
-  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
-}
 
 const SIZES = [
   { name: 'desktop', viewport: { width: 1280, height: 800 }, shot: 'dashboard.png' },

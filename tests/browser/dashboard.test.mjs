@@ -3,22 +3,12 @@
 // saved for review (its path is printed).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { ROOT, USER_AGENT, cleanup, launchBrowser, startTally, tallyCommand, tempDir } from './support.mjs';
+import { ROOT, USER_AGENT, cleanup, launchBrowser, startTally, tallyCommand, tempDir, uuidv7 } from './support.mjs';
 
 const ZONE = 'Europe/Berlin';
 const HOUR = 3600 * 1000;
-
-function uuidv7(ms) {
-  const b = randomBytes(16);
-  b.writeUIntBE(ms, 0, 6);
-  b[6] = (b[6] & 0x0f) | 0x70;
-  b[8] = (b[8] & 0x3f) | 0x80;
-  const h = b.toString('hex');
-  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
-}
 
 const visitor = (n) => `0b6f5f8e-7d0e-4a55-9d5e-${String(n).padStart(12, '0')}`;
 const localDay = (ms) => new Intl.DateTimeFormat('en-CA', { timeZone: ZONE }).format(new Date(ms));

@@ -5,6 +5,7 @@
 // the test that started it, and reports what went wrong with enough context to debug: the
 // server's stderr, the last value a wait saw.
 import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
 import { mkdtempSync, readFileSync, existsSync, rmSync } from 'node:fs';
 import http from 'node:http';
@@ -165,6 +166,16 @@ export async function startProxy(target, intercept = () => null) {
     hits,
     async close() { server.closeAllConnections(); server.close(); },
   };
+}
+
+/// A UUIDv7 event id whose time is `ms` (the hit's own time, as the snippet would send it).
+export function uuidv7(ms) {
+  const b = randomBytes(16);
+  b.writeUIntBE(ms, 0, 6);
+  b[6] = (b[6] & 0x0f) | 0x70;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const h = b.toString('hex');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
 }
 
 export async function launchBrowser() {
