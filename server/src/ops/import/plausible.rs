@@ -29,8 +29,8 @@ use anyhow::Context;
 use jiff::civil::Date;
 
 use super::tables::{
-    DailyLane, Days, MAX_COUNT, MAX_ENTRY_BYTES, MAX_RATIO, col, csv_reader, number, page_of,
-    too_long,
+    DailyLane, Days, MAX_COUNT, MAX_ENTRY_BYTES, MAX_RATIO, col, csv_reader, next_record, number,
+    page_of, too_long,
 };
 use super::{ImportJob, ImportReport, Rejects, pace};
 use crate::collect::agents::major;
@@ -283,17 +283,14 @@ pub(super) async fn run(
         let headers = reader.headers()?.clone();
         let cols = Cols::of(table, &headers, &name)?;
         let mut record = csv::StringRecord::new();
-        loop {
-            let line_no = reader.position().line();
-            match reader.read_record(&mut record) {
-                Ok(false) => break,
-                Ok(true) => {}
-                Err(e) => {
-                    report.lines += 1;
-                    rejects.write(line_no, &format!("{base}: malformed CSV: {e}"), "")?;
-                    continue;
-                }
-            }
+        let prefix = format!("{base}: ");
+        while let Some(line_no) = next_record(
+            &mut reader,
+            &mut record,
+            &mut report.lines,
+            rejects,
+            &prefix,
+        )? {
             report.lines += 1;
             let raw = || format!("{base}: {}", record.iter().collect::<Vec<_>>().join(","));
             if let (Some(want), Some(h)) = (&job.host, cols.host.and_then(|i| record.get(i)))

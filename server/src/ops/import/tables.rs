@@ -32,6 +32,28 @@ pub const MAX_ENTRY_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 /// Largest ratio of an entry's declared size to its compressed size (CSV compresses 5-20x).
 pub const MAX_RATIO: u64 = 200;
 
+/// Read the next record into `record`: its line number, or `None` at the end. A malformed
+/// record counts as a line and goes to the reject file (its reason after `prefix`).
+pub(super) fn next_record<R: Read>(
+    reader: &mut csv::Reader<R>,
+    record: &mut csv::StringRecord,
+    lines: &mut u64,
+    rejects: &mut Rejects,
+    prefix: &str,
+) -> anyhow::Result<Option<u64>> {
+    loop {
+        let line_no = reader.position().line();
+        match reader.read_record(record) {
+            Ok(false) => return Ok(None),
+            Ok(true) => return Ok(Some(line_no)),
+            Err(e) => {
+                *lines += 1;
+                rejects.write(line_no, &format!("{prefix}malformed CSV: {e}"), "")?;
+            }
+        }
+    }
+}
+
 /// A CSV reader (rows of any length, with a header row or not) over `file`, line by line
 /// within the line cap.
 pub(super) fn csv_reader<R: Read>(
@@ -98,17 +120,8 @@ pub(super) async fn bases(
     let mut reader = csv_reader(false, open(&job.input)?);
     let mut report = ImportReport::default();
     let mut record = csv::StringRecord::new();
-    loop {
-        let line_no = reader.position().line();
-        match reader.read_record(&mut record) {
-            Ok(false) => break,
-            Ok(true) => {}
-            Err(e) => {
-                report.lines += 1;
-                rejects.write(line_no, &format!("malformed CSV: {e}"), "")?;
-                continue;
-            }
-        }
+    while let Some(line_no) = next_record(&mut reader, &mut record, &mut report.lines, rejects, "")?
+    {
         let raw = record.iter().collect::<Vec<_>>().join(",");
         if too_long(&record) {
             report.lines += 1;
@@ -222,17 +235,8 @@ pub(super) async fn tally_csv(
     let mut report = ImportReport::default();
     let allowed = Days::new();
     let mut record = csv::StringRecord::new();
-    loop {
-        let line_no = reader.position().line();
-        match reader.read_record(&mut record) {
-            Ok(false) => break,
-            Ok(true) => {}
-            Err(e) => {
-                report.lines += 1;
-                rejects.write(line_no, &format!("malformed CSV: {e}"), "")?;
-                continue;
-            }
-        }
+    while let Some(line_no) = next_record(&mut reader, &mut record, &mut report.lines, rejects, "")?
+    {
         report.lines += 1;
         let row = (|| -> Result<DailyImport, String> {
             if too_long(&record) {
