@@ -678,3 +678,51 @@ impl Analytics {
         Ok(grown)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use jiff::civil::date;
+
+    use super::*;
+    use crate::core::query::Metric;
+
+    fn state() -> Evaluator {
+        let q = Query {
+            metrics: vec![Metric::Visitors],
+            dimensions: Vec::new(),
+            filters: Vec::new(),
+            order_by: Vec::new(),
+            limit: 10,
+            offset: 0,
+        };
+        let day = date(2026, 3, 2);
+        Evaluator::new(&q, day, day, &SiteZone::utc()).expect("a valid question")
+    }
+
+    #[test]
+    fn kept_states_stay_within_their_budget_oldest_first_out() {
+        let sealed = [(date(2026, 3, 2), 7)];
+        let one = state();
+        let size = one.size() + sealed.len() * 16 + "q-000".len();
+        let budget = size * 10;
+        let mut kept = Partials::default();
+        // A flood of distinct questions (another filter value each).
+        for i in 0..1_000 {
+            kept.keep(&format!("q-{i:03}"), &sealed, &one, budget);
+            assert!(kept.bytes <= budget, "{} > {budget}", kept.bytes);
+        }
+        assert_eq!(kept.states.len(), 10);
+        assert_eq!(kept.order.len(), 10);
+        assert!(kept.get("q-999", &sealed).is_some(), "the newest stays");
+        assert!(
+            kept.get("q-000", &sealed).is_none(),
+            "the oldest went first"
+        );
+        // Another version of the same day is another state.
+        assert!(kept.get("q-999", &[(date(2026, 3, 2), 8)]).is_none());
+        // A state larger than half the budget is never kept.
+        let mut small = Partials::default();
+        small.keep("big", &sealed, &one, size);
+        assert!(small.states.is_empty() && small.bytes == 0);
+    }
+}
