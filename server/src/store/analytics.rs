@@ -15,7 +15,9 @@
 //! - **Kept states are exact.** Each question's state over the sealed days of its range is
 //!   kept (within a quarter of the budget, oldest first to go) with the days and versions it
 //!   counted, and used again only for exactly those days at those versions; the open days
-//!   are always counted anew on top of it. A repeated question costs its open days.
+//!   are always counted anew on top of it. A repeated question costs its open days. Time
+//!   rows of sealed days are kept as counts ([`Evaluator::close_sealed`]): no open day adds
+//!   to them.
 //! - **Two threads.** The days of a chunk are split in two halves of about equal weight,
 //!   counted on two threads into two states per question, folded together at the end
 //!   (visits never span two days, so sums add and visitor sets unite exactly).
@@ -24,7 +26,7 @@
 //! - Imported breakdowns are read per question, only when asked ([`Analytics::answer_with`])
 //!   and only where `store::merge::plan` says they answer it; they are never kept.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use jiff::civil::Date;
@@ -177,6 +179,13 @@ impl Partials {
     /// Keep a copy of `state` (settled), within `budget` bytes.
     fn keep(&mut self, key: &str, sealed: &[(Date, i64)], state: &Evaluator, budget: usize) {
         let size = state.size() + sealed.len() * 16 + key.len();
+        tracing::debug!(
+            bytes = size,
+            held = self.bytes,
+            days = sealed.len(),
+            question = key.rsplit('\u{1f}').next().unwrap_or(""),
+            "keeping a question's state"
+        );
         if size > budget / 2 {
             return;
         }
@@ -470,7 +479,12 @@ impl Analytics {
                 counting = counted?;
                 next = read.transpose()?;
             }
-            let counted = counting.finish().await?;
+            let mut counted = counting.finish().await?;
+            // Time rows of sealed days keep counts, not visitor sets (no open day adds to them).
+            let sealed: HashSet<Date> = index.sealed.iter().map(|(d, _)| *d).collect();
+            counted
+                .iter_mut()
+                .for_each(|e| e.close_sealed(|d| sealed.contains(&d)));
             let mut partials = self.partials();
             for (i, e) in missed.into_iter().zip(counted) {
                 partials.keep(&keys[i], &index.sealed, &e, self.budget / PARTIALS_SHARE);

@@ -6,7 +6,7 @@
 //! when the question keys, filters or measures them; otherwise a visit's own counts say it
 //! all. Distinct visitors are exact: per row, the visitor numbers of a day (which come in
 //! ascending order, visits being sorted by visitor) are gathered and merged into the row's
-//! bitmap once per day.
+//! bitmap once per day. A question without a visitor metric keeps no visitor sets.
 //!
 //! Sums kept without visitor ids (imported daily aggregates, [`Extra`]) can be added to the
 //! rows: their visitors are added as numbers (never merged into the bitmaps), their visits,
@@ -82,8 +82,9 @@ struct Acc {
     /// Visitors not yet in `visitors`, in runs of ascending numbers (one per day).
     pending: Vec<u32>,
     visitors: RoaringBitmap,
-    /// Visitors of [`Extra`]s, summed.
-    extra_visitors: u64,
+    /// Visitors counted as a number, not as ids: of [`Extra`]s (summed), and of a row
+    /// [`Evaluator::close_sealed`] closed (its set no day can add to any more).
+    counted_visitors: u64,
     /// Visits counted whole (duration, views per visit).
     whole_visits: u64,
     duration_s: u64,
@@ -229,6 +230,8 @@ pub struct Evaluator {
     has_page_dim: bool,
     has_name_dim: bool,
     want_total: bool,
+    /// Whether a metric counts distinct visitors (else no row keeps a visitor set).
+    want_visitors: bool,
     need_events: bool,
     values: Vec<Values>,
     memo: Memo,
@@ -282,6 +285,10 @@ impl Evaluator {
             has_page_dim: dims.contains(&Dimension::Page),
             has_name_dim: dims.contains(&Dimension::Name),
             want_total: query.metrics.contains(&Metric::Percentage),
+            want_visitors: query
+                .metrics
+                .iter()
+                .any(|m| matches!(m, Metric::Visitors | Metric::Percentage)),
             need_events,
             values: dims.iter().map(|_| Values::default()).collect(),
             memo: Memo::default(),
@@ -393,7 +400,9 @@ impl Evaluator {
                 }
                 if !self.event_rows {
                     acc.visits += 1;
-                    acc.visitor(visitor, &mut self.dirty, r, &mut self.pending);
+                    if self.want_visitors {
+                        acc.visitor(visitor, &mut self.dirty, r, &mut self.pending);
+                    }
                 }
                 if !self.need_events {
                     // Every event of the visit counts, in the visit's row.
@@ -456,6 +465,7 @@ impl Evaluator {
             }
         };
         let filtered = !self.filters.visit.is_empty();
+        let want_visitors = self.want_visitors;
         let accs = &mut self.rows.accs;
         for i in 0..n {
             if filtered
@@ -480,7 +490,9 @@ impl Evaluator {
             acc.whole_pageviews += u64::from(pageviews);
             acc.pageviews += u64::from(pageviews);
             acc.events += u64::from(pageviews + customs);
-            acc.visitor(visitor, &mut self.dirty, r, &mut self.pending);
+            if want_visitors {
+                acc.visitor(visitor, &mut self.dirty, r, &mut self.pending);
+            }
             if self.want_total && self.total_pending.last() != Some(&visitor) {
                 self.total_pending.push(visitor);
                 self.pending += 1;
@@ -560,7 +572,9 @@ impl Evaluator {
             acc.visit = self.visit_seq;
             if self.event_rows {
                 acc.visits += 1;
-                acc.visitor(visitor, &mut self.dirty, r, &mut self.pending);
+                if self.want_visitors {
+                    acc.visitor(visitor, &mut self.dirty, r, &mut self.pending);
+                }
             }
         }
         acc.visit_engaged_ms += u64::from(engaged_ms);
@@ -605,6 +619,51 @@ impl Evaluator {
             + self.total_pending.capacity() * 4
     }
 
+    /// Drop the visitor sets of the time rows no day can add to any more, keeping their
+    /// counts: rows whose bucket holds only days `sealed` says are sealed (a sealed day
+    /// changes only by a new seal, which makes a state over it stale anyway). What a kept
+    /// state needs of a year by day is then 365 numbers, not 365 visitor sets. Call it on a
+    /// state counted over sealed days only, settled.
+    pub fn close_sealed(&mut self, sealed: impl Fn(Date) -> bool) {
+        let Some((k, grain)) = self.slots.iter().enumerate().find_map(|(k, s)| match s {
+            Slot::Time(g) => Some((k, *g)),
+            _ => None,
+        }) else {
+            return;
+        };
+        self.settle();
+        // Each bucket label of the range (an hour by its day), and whether all its days are
+        // sealed.
+        let of = |day: Date| match grain {
+            Grain::Hour => day.to_string(),
+            g => bucket_label(g, day, self.from, 0),
+        };
+        let mut closed: HashMap<String, bool> = HashMap::new();
+        let mut day = self.from;
+        while day <= self.to {
+            let sealed_day = sealed(day);
+            closed
+                .entry(of(day))
+                .and_modify(|c| *c &= sealed_day)
+                .or_insert(sealed_day);
+            match day.tomorrow() {
+                Ok(next) => day = next,
+                Err(_) => break,
+            }
+        }
+        for (key, acc) in self.rows.keys.iter().zip(&mut self.rows.accs) {
+            let name: &str = &self.values[k].names[key[k] as usize];
+            let bucket = match grain {
+                Grain::Hour => name.get(..10).unwrap_or(name),
+                _ => name,
+            };
+            if closed.get(bucket).copied().unwrap_or(false) && !acc.visitors.is_empty() {
+                acc.counted_visitors += acc.visitors.len();
+                acc.visitors = RoaringBitmap::new();
+            }
+        }
+    }
+
     /// The same question over no days yet: for other days, to [`Evaluator::merge`] back.
     pub fn fresh(&self) -> Self {
         Self::checked(&self.query, self.from, self.to, &self.zone)
@@ -627,7 +686,7 @@ impl Evaluator {
             mine.pageviews += acc.pageviews;
             mine.visits += acc.visits;
             mine.visitors |= acc.visitors;
-            mine.extra_visitors += acc.extra_visitors;
+            mine.counted_visitors += acc.counted_visitors;
             mine.whole_visits += acc.whole_visits;
             mine.duration_s += acc.duration_s;
             mine.whole_pageviews += acc.whole_pageviews;
@@ -747,7 +806,9 @@ fn finish(
         .accs
         .iter()
         .enumerate()
-        .filter(|(_, a)| a.visits > 0 || a.events > 0 || a.whole_visits > 0 || a.extra_visitors > 0)
+        .filter(|(_, a)| {
+            a.visits > 0 || a.events > 0 || a.whole_visits > 0 || a.counted_visitors > 0
+        })
         .map(|(i, a)| {
             let metrics = query
                 .metrics
@@ -882,7 +943,7 @@ fn labels(grain: Grain, from: Date, to: Date) -> Vec<String> {
 fn metric(m: Metric, a: &Acc, total_visitors: u64) -> Value {
     let round = |x: f64| Value::Int(x.round() as u64);
     match m {
-        Metric::Visitors => Value::Int(a.visitors.len() + a.extra_visitors),
+        Metric::Visitors => Value::Int(a.visitors.len() + a.counted_visitors),
         Metric::Visits => Value::Int(a.visits),
         Metric::Pageviews => Value::Int(a.pageviews),
         Metric::Events => Value::Int(a.events),
@@ -898,8 +959,11 @@ fn metric(m: Metric, a: &Acc, total_visitors: u64) -> Value {
         }
         Metric::ScrollDepth => ratio(a.scroll_sum, a.scroll_visits).map_or(Value::Null, round),
         Metric::Percentage => Value::Float(
-            ratio((a.visitors.len() + a.extra_visitors) * 100, total_visitors)
-                .map_or(0.0, |x| (x * 10.0).round() / 10.0),
+            ratio(
+                (a.visitors.len() + a.counted_visitors) * 100,
+                total_visitors,
+            )
+            .map_or(0.0, |x| (x * 10.0).round() / 10.0),
         ),
     }
 }

@@ -111,6 +111,17 @@ fn day() -> (Segment, Events) {
     )
 }
 
+/// The day after [`DAY`] (a Tuesday).
+const DAY2: Date = date(2026, 3, 3);
+
+/// [`DAY2`]: visitor 1 again, and visitor 9, one page view each on /.
+fn day2() -> (Segment, Events) {
+    build(
+        86_400_000,
+        vec![ev(1, 1440 + 3, 1, 1, 1), ev(9, 1440 + 4, 1, 1, 1)],
+    )
+}
+
 fn ask(metrics: &[Metric], dims: &[Dimension], filters: Vec<Filter>) -> Answer {
     let (seg, events) = day();
     let q = Query {
@@ -333,12 +344,7 @@ fn invalid_combinations_are_refused_with_a_reason() {
 
 #[test]
 fn distinct_visitors_hold_across_days_and_time_rows_fill_in_order() {
-    let day2 = date(2026, 3, 3);
-    let seg1 = day();
-    let seg2 = build(
-        86_400_000,
-        vec![ev(1, 1440 + 3, 1, 1, 1), ev(9, 1440 + 4, 1, 1, 1)],
-    );
+    let (day2, seg1, seg2) = (DAY2, day(), day2());
     let q = Query {
         metrics: vec![Metric::Visitors],
         dimensions: vec![],
@@ -471,4 +477,115 @@ fn extras_add_their_sums_and_keep_every_ratio_exact() {
         ..extras[0].clone()
     }];
     assert!(run_with(&q, before, DAY, &SiteZone::utc(), &[], &dict(), &wrong).is_err());
+}
+
+/// Count `days` into a fresh state of `q` over `from..=to`.
+fn state_over(q: &Query, from: Date, to: Date, days: &[Day<'_>]) -> Evaluator {
+    let mut e = Evaluator::new(q, from, to, &SiteZone::utc()).expect("valid");
+    let mut cols = crate::core::segment::Decoded::default();
+    for &(day, seg, events) in days {
+        cols.fill(seg, events);
+        e.add(
+            &DayInput {
+                day,
+                seg,
+                events,
+                cols: &cols,
+            },
+            &dict(),
+        );
+    }
+    e
+}
+
+#[test]
+fn questions_without_visitor_metrics_keep_no_visitor_sets() {
+    let (seg, events) = day();
+    let days = [(DAY, &seg, Some(&events))];
+    let entry = |metrics: Vec<Metric>| Query {
+        metrics,
+        dimensions: vec![Dimension::Visit(VisitDim::EntryPage)],
+        filters: vec![],
+        order_by: vec![],
+        limit: 10,
+        offset: 0,
+    };
+    let with = state_over(
+        &entry(vec![Metric::Visits, Metric::BounceRate, Metric::Visitors]),
+        DAY,
+        DAY,
+        &days,
+    );
+    let without = state_over(
+        &entry(vec![Metric::Visits, Metric::BounceRate]),
+        DAY,
+        DAY,
+        &days,
+    );
+    assert!(
+        without.size() < with.size(),
+        "no visitor sets: {} bytes against {}",
+        without.size(),
+        with.size()
+    );
+    let (with, without) = (with.finish(), without.finish());
+    let pairs = |a: &Answer| -> Vec<(String, Vec<Value>)> {
+        a.rows
+            .iter()
+            .map(|r| (r.dimensions[0].clone(), r.metrics[..2].to_vec()))
+            .collect()
+    };
+    assert_eq!(pairs(&with), pairs(&without));
+    assert_eq!(with.rows.len(), 3, "entry pages /, /pricing, /blog/a");
+}
+
+#[test]
+fn closed_time_rows_keep_their_counts_and_open_buckets_stay_exact() {
+    // Two days, Monday and Tuesday of one week; visitor 1 comes both days.
+    let (day2, one, two) = (DAY2, day(), day2());
+    let by = |grain| Query {
+        metrics: vec![Metric::Visitors],
+        dimensions: vec![Dimension::Time(grain)],
+        filters: vec![],
+        order_by: vec![],
+        limit: 10,
+        offset: 0,
+    };
+    for grain in [Grain::Day, Grain::Hour, Grain::Week] {
+        let q = by(grain);
+        let whole = run(
+            &q,
+            DAY,
+            day2,
+            &SiteZone::utc(),
+            &[(DAY, &one.0, Some(&one.1)), (day2, &two.0, Some(&two.1))],
+            &dict(),
+        )
+        .expect("answers");
+        // Monday sealed and counted, its rows closed; Tuesday (open) counted on top.
+        let mut e = state_over(&q, DAY, day2, &[(DAY, &one.0, Some(&one.1))]);
+        e.settle();
+        let open = e.size();
+        e.close_sealed(|d| d == DAY);
+        let closed = e.size();
+        let mut cols = crate::core::segment::Decoded::default();
+        cols.fill(&two.0, Some(&two.1));
+        e.add(
+            &DayInput {
+                day: day2,
+                seg: &two.0,
+                events: Some(&two.1),
+                cols: &cols,
+            },
+            &dict(),
+        );
+        assert_eq!(e.finish(), whole, "{grain:?}");
+        if grain == Grain::Week {
+            // The week also holds Tuesday: its set stays, so visitor 1 counts once.
+            assert_eq!(closed, open);
+            assert_eq!(whole.rows[0].metrics, vec![Value::Int(4)]);
+        } else {
+            assert!(closed < open, "{grain:?}: {closed} against {open}");
+        }
+    }
 }

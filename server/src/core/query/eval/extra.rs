@@ -73,7 +73,7 @@ pub(super) fn add(
         let r = rows.at(key);
         let acc = &mut rows.accs[r];
         let s = &e.sums;
-        acc.extra_visitors += s.visitors;
+        acc.counted_visitors += s.visitors;
         acc.visits += s.visits;
         acc.pageviews += s.pageviews;
         acc.events += s.events;
