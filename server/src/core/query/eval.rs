@@ -82,6 +82,8 @@ struct Acc {
     /// Visitors not yet in `visitors`, in runs of ascending numbers (one per day).
     pending: Vec<u32>,
     visitors: RoaringBitmap,
+    /// `visitors.len()` as of the last merge (counting a bitmap walks its containers).
+    held: u64,
     /// Visitors counted as a number, not as ids: of [`Extra`]s (summed), and of a row
     /// [`Evaluator::close_sealed`] closed (its set no day can add to any more).
     counted_visitors: u64,
@@ -130,7 +132,10 @@ impl Acc {
     /// Merge the pending visitors into the bitmap (sorted once: merging a day at a time would
     /// copy a row's growing containers every day).
     fn settle(&mut self) {
-        settle(&mut self.visitors, &mut self.pending);
+        if !self.pending.is_empty() {
+            settle(&mut self.visitors, &mut self.pending);
+            self.held = self.visitors.len();
+        }
     }
 }
 
@@ -156,8 +161,8 @@ const MAX_PENDING: usize = 1 << 19;
 /// Whether a row merges its pending visitors at the end of a day: once they are many beside
 /// what it holds (so a merge, which copies the row's containers, comes at most once per
 /// eighth added), and never for a few (most rows merge once, at the end).
-fn due(bitmap: &RoaringBitmap, pending: &[u32]) -> bool {
-    pending.len() as u64 >= (bitmap.len() / 8).max(4096)
+fn due(held: u64, pending: &[u32]) -> bool {
+    pending.len() as u64 >= (held / 8).max(4096)
 }
 
 /// The rows seen so far, by key (one interned value number per dimension): without
@@ -509,7 +514,7 @@ impl Evaluator {
             let mut settled = 0;
             self.dirty.retain(|&r| {
                 let acc = &mut accs[r];
-                if due(&acc.visitors, &acc.pending) {
+                if due(acc.held, &acc.pending) {
                     settled += acc.pending.len();
                     acc.settle();
                     false
@@ -517,7 +522,7 @@ impl Evaluator {
                     true
                 }
             });
-            if due(&self.total, &self.total_pending) {
+            if due(self.total.len(), &self.total_pending) {
                 settled += self.total_pending.len();
                 settle(&mut self.total, &mut self.total_pending);
             }
@@ -660,6 +665,7 @@ impl Evaluator {
             if closed.get(bucket).copied().unwrap_or(false) && !acc.visitors.is_empty() {
                 acc.counted_visitors += acc.visitors.len();
                 acc.visitors = RoaringBitmap::new();
+                acc.held = 0;
             }
         }
     }
@@ -686,6 +692,7 @@ impl Evaluator {
             mine.pageviews += acc.pageviews;
             mine.visits += acc.visits;
             mine.visitors |= acc.visitors;
+            mine.held = mine.visitors.len();
             mine.counted_visitors += acc.counted_visitors;
             mine.whole_visits += acc.whole_visits;
             mine.duration_s += acc.duration_s;
