@@ -575,8 +575,9 @@ pub struct ReadArgs {
     pub tally: PathBuf,
     #[command(flatten)]
     pub target: Target,
-    /// Ranges to read, comma-separated (`today`, `7d`, `30d`, `90d`, `365d`).
-    #[arg(long, default_value = "today,7d,30d,365d")]
+    /// Ranges to read, comma-separated (`today`, `7d`, `30d`, `90d`, `365d`; `12mo` and `all`
+    /// for the analytics API only).
+    #[arg(long, default_value = "today,7d,30d,365d,12mo,all")]
     pub ranges: String,
     /// Cold samples per query (each in a fresh server process).
     #[arg(long, default_value_t = 3)]
@@ -623,10 +624,20 @@ fn range_days(range: &str, now: Timestamp) -> [String; 2] {
     [from.to_string(), to.to_string()]
 }
 
+/// Ranges only the analytics API names (`12mo`: the 12 whole months before this one; `all`:
+/// from the site's first day): the v1 reads and the dashboard take `today`..`365d`.
+fn api_only(range: &str) -> bool {
+    matches!(range, "12mo" | "all")
+}
+
 /// The analytics questions timed per range: totals, breakdowns, filters on visit and event
 /// dimensions, a page breakdown with engagement.
 fn v2_queries(site: &str, range: &str, now: Timestamp) -> Vec<(&'static str, serde_json::Value)> {
-    let dates = range_days(range, now);
+    let dates = if api_only(range) {
+        serde_json::json!(range)
+    } else {
+        serde_json::json!(range_days(range, now))
+    };
     let q = |metrics: serde_json::Value, dims: serde_json::Value, filters: serde_json::Value| {
         serde_json::json!({"site_id": site, "date_range": dates, "metrics": metrics,
             "dimensions": dims, "filters": filters, "pagination": {"limit": 10}})
@@ -705,16 +716,21 @@ pub fn queries(site: &str, ranges: &[&str]) -> Vec<Query> {
         body: None,
     }];
     for r in ranges {
-        for (name, path) in [
-            ("series", format!("/api/v1/sites/{site}/series?range={r}")),
-            ("top", format!("/api/v1/sites/{site}/top?range={r}")),
-            ("events", format!("/api/v1/sites/{site}/events?range={r}")),
-            (
-                "filtered",
-                format!("/api/v1/sites/{site}/filtered?range={r}"),
-            ),
-            ("dashboard", format!("/dashboard/{site}?range={r}")),
-        ] {
+        let v1 = if api_only(r) {
+            Vec::new()
+        } else {
+            vec![
+                ("series", format!("/api/v1/sites/{site}/series?range={r}")),
+                ("top", format!("/api/v1/sites/{site}/top?range={r}")),
+                ("events", format!("/api/v1/sites/{site}/events?range={r}")),
+                (
+                    "filtered",
+                    format!("/api/v1/sites/{site}/filtered?range={r}"),
+                ),
+                ("dashboard", format!("/dashboard/{site}?range={r}")),
+            ]
+        };
+        for (name, path) in v1 {
             out.push(Query {
                 name,
                 range: (*r).to_owned(),
@@ -785,9 +801,13 @@ async fn timed(
 
 async fn start(args: &ReadArgs, log: &Path) -> anyhow::Result<Server> {
     let db = url_with_schema(&args.target.db, args.target.schema.as_deref());
+    // Every reader and live connection comes from 127.0.0.1, and one network may hold half
+    // the stats slots.
+    let slots = (args.readers * 2).max(64);
+    let conns = (args.readers + args.live + 16).max(64);
     let extra = format!(
         "--admin-token {TOKEN} --rate-limit-per-minute 0 --address-limit-per-minute 0 \
-         --stats-concurrency 64"
+         --stats-concurrency {slots} --max-connections-per-address {conns}"
     );
     server::spawn_tally(&args.tally, Path::new(&db), &extra, log).await
 }
