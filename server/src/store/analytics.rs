@@ -17,7 +17,11 @@
 //!   counted, and used again only for exactly those days at those versions; the open days
 //!   are always counted anew on top of it. A repeated question costs its open days. Time
 //!   rows of sealed days are kept as counts ([`Evaluator::close_sealed`]): no open day adds
-//!   to them.
+//!   to them. A state is named by how its question counts ([`Evaluator::counting_key`]), so
+//!   another page, order or metric of the same sums uses it too.
+//! - **Counted once.** Reads missing the same state take turns: one counts it, the others
+//!   wait and take what it kept (turns are taken in key order, so reads never wait on each
+//!   other in a cycle).
 //! - **Two threads.** The days of a chunk are split in two halves of about equal weight,
 //!   counted on two threads into two states per question, folded together at the end
 //!   (visits never span two days, so sums add and visitor sets unite exactly).
@@ -151,6 +155,12 @@ pub struct Analytics {
     kept: Mutex<Kept>,
     budget: usize,
     partials: Mutex<Partials>,
+    /// A turn per state key being counted over sealed days now: a read that misses a state
+    /// another read is counting waits for it and takes the kept state, instead of counting
+    /// the same days beside it (64 readers of one dashboard count it once).
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Question states counted over sealed days so far ([`Analytics::states_counted`]).
+    counted: std::sync::atomic::AtomicU64,
 }
 
 /// Kept question states ([`Partials`]) may use one part in this many of the budget of kept
@@ -183,7 +193,7 @@ impl Partials {
             bytes = size,
             held = self.bytes,
             days = sealed.len(),
-            question = key.rsplit('\u{1f}').next().unwrap_or(""),
+            question = key.splitn(5, '\u{1f}').nth(4).unwrap_or(""),
             "keeping a question's state"
         );
         if size > budget / 2 {
@@ -211,11 +221,13 @@ impl Partials {
 /// A kept state: the sealed days (and versions) it counted, the state, its size.
 type KeptState = (Vec<(Date, i64)>, Evaluator, usize);
 
-/// What names a question's state: the site, zone, range and question.
-fn partial_key(site: &str, zone: &SiteZone, from: Date, to: Date, q: &Query) -> String {
+/// What names a question's state: the site, zone, range and how the question counts
+/// ([`Evaluator::counting_key`]: another page, order or metric of the same sums shares it).
+fn partial_key(site: &str, zone: &SiteZone, from: Date, to: Date, e: &Evaluator) -> String {
     format!(
-        "{site}\u{1f}{}\u{1f}{from}\u{1f}{to}\u{1f}{q:?}",
-        zone.name()
+        "{site}\u{1f}{}\u{1f}{from}\u{1f}{to}\u{1f}{}",
+        zone.name(),
+        e.counting_key()
     )
 }
 
@@ -335,7 +347,15 @@ impl Analytics {
             kept: Mutex::default(),
             budget,
             partials: Mutex::default(),
+            turns: Mutex::default(),
+            counted: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How many question states were counted over sealed days since the start (every other
+    /// answer over sealed days came from a kept state).
+    pub fn states_counted(&self) -> u64 {
+        self.counted.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
@@ -439,21 +459,36 @@ impl Analytics {
         .map_err(|e| StoreError::Invalid(format!("building open days failed: {e}")))?;
         // The sealed days: each question's state over them as kept (same days at the same
         // versions), else counted now, chunk by chunk, and kept.
-        let keys: Vec<String> = queries
+        let keys: Vec<String> = evaluators
             .iter()
-            .map(|q| partial_key(&name, zone, from, to, q))
+            .map(|e| partial_key(&name, zone, from, to, e))
             .collect();
         let mut missed = Vec::new();
         {
             let partials = self.partials();
             for (i, key) in keys.iter().enumerate() {
                 match partials.get(key, &index.sealed) {
-                    Some(kept) => evaluators[i] = kept.clone(),
+                    Some(kept) => evaluators[i] = kept.clone().answering(&queries[i]),
                     None => missed.push(i),
                 }
             }
         }
+        let _turns;
         if !missed.is_empty() && !index.sealed.is_empty() {
+            _turns = self.turns(missed.iter().map(|&i| keys[i].as_str())).await;
+            // A read this one waited for may have kept them.
+            let partials = self.partials();
+            missed.retain(|&i| match partials.get(&keys[i], &index.sealed) {
+                Some(kept) => {
+                    evaluators[i] = kept.clone().answering(&queries[i]);
+                    false
+                }
+                None => true,
+            });
+        }
+        if !missed.is_empty() && !index.sealed.is_empty() {
+            self.counted
+                .fetch_add(missed.len() as u64, std::sync::atomic::Ordering::Relaxed);
             let fresh: Vec<Evaluator> = missed.iter().map(|&i| evaluators[i].fresh()).collect();
             let need_events = fresh.iter().any(Evaluator::needs_events);
             let mut counting = Counting::new(fresh);
@@ -501,6 +536,33 @@ impl Analytics {
             e.add_extra(extra)?;
         }
         Ok(Ok(evaluators.into_iter().map(Evaluator::finish).collect()))
+    }
+
+    /// The turns of `keys` (each once, in key order, so two reads never wait on each
+    /// other), held until the returned guards drop.
+    async fn turns<'a>(
+        &self,
+        keys: impl Iterator<Item = &'a str>,
+    ) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        let mut keys: Vec<&str> = keys.collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let locks: Vec<Arc<tokio::sync::Mutex<()>>> = {
+            let mut turns = self
+                .turns
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Turns nobody holds or waits for are dropped.
+            turns.retain(|_, t| Arc::strong_count(t) > 1);
+            keys.iter()
+                .map(|k| Arc::clone(turns.entry((*k).to_owned()).or_default()))
+                .collect()
+        };
+        let mut held = Vec::with_capacity(locks.len());
+        for lock in locks {
+            held.push(lock.lock_owned().await);
+        }
+        held
     }
 
     fn partials(&self) -> std::sync::MutexGuard<'_, Partials> {

@@ -511,6 +511,63 @@ async fn answers_stay_exact_across_sealed_and_open_days(db: &impl Harness) {
     );
 }
 
+async fn concurrent_readers_of_one_question_count_it_once(db: &impl Harness) {
+    let store: Arc<dyn Store> = db.handle(None);
+    let mut records = Vec::new();
+    for (i, (day, page)) in [(2, "/a"), (2, "/b"), (3, "/a"), (3, "/c")]
+        .into_iter()
+        .enumerate()
+    {
+        let at = format!("2026-03-0{day}T10:0{i}:00Z");
+        records.push(view(
+            i as u16 + 1,
+            (i % 2 + 1) as u8,
+            page,
+            &at,
+            ("", "Direct", "Firefox"),
+        ));
+    }
+    store.commit(records).await.expect("commit");
+    for day in [D1, D2] {
+        assert!(
+            store
+                .seal_day(&site(), day, day_start(day))
+                .await
+                .expect("seal")
+        );
+    }
+    let analytics = Analytics::new(store.clone(), 64 << 20);
+    let zone = SiteZone::utc();
+    let page = |limit| Query {
+        limit,
+        ..q(
+            &[Metric::Visitors, Metric::Pageviews],
+            &[Dimension::Page],
+            vec![],
+        )
+    };
+    let questions = [
+        q(&[Metric::Visitors, Metric::Visits], &[], vec![]),
+        page(100),
+    ];
+    // Eight readers at once: one counts each state, the others wait and take it.
+    let id = site();
+    let reads = (0..8).map(|_| analytics.answer(&id, &zone, D1, D2, &questions));
+    let answers = futures_util::future::join_all(reads).await;
+    let first = answers[0].as_ref().expect("answers").clone();
+    assert!(answers.iter().all(|a| a.as_ref().ok() == Some(&first)));
+    assert_eq!(first[0].rows[0].metrics, vec![Value::Int(2), Value::Int(4)]);
+    assert_eq!(first[1].rows.len(), 3, "pages /a, /b, /c");
+    assert_eq!(analytics.states_counted(), 2);
+    // Another page of the same breakdown is the same state.
+    let next = analytics
+        .answer(&site(), &zone, D1, D2, &[page(1)])
+        .await
+        .expect("answers");
+    assert_eq!(next[0].rows, first[1].rows[..1]);
+    assert_eq!(analytics.states_counted(), 2);
+}
+
 async fn verify_recounts_segments_and_repairs_them(db: &impl Harness) {
     let store = db.handle(None);
     store
@@ -570,6 +627,7 @@ macro_rules! segment_checks {
                 tuples_beyond_the_cap_count_as_other,
                 answers_stay_exact_across_sealed_and_open_days,
                 verify_recounts_segments_and_repairs_them,
+                concurrent_readers_of_one_question_count_it_once,
             );
         }
     )*};

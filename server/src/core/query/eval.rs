@@ -308,6 +308,28 @@ impl Evaluator {
         }
     }
 
+    /// What decides how this question counts: its dimensions, filters and which sums it
+    /// keeps (events walked, visitor sets, the total set); not its metrics as such, order or
+    /// page. Two questions with one counting key count the same state, so a kept state of
+    /// one serves the other ([`Evaluator::answering`]).
+    pub fn counting_key(&self) -> String {
+        format!(
+            "{:?}\u{1f}{:?}\u{1f}{}{}{}",
+            self.query.dimensions,
+            self.query.filters,
+            u8::from(self.need_events),
+            u8::from(self.want_visitors),
+            u8::from(self.want_total)
+        )
+    }
+
+    /// This state, answering `query` (which has the same [`Evaluator::counting_key`]):
+    /// its metrics, order and page.
+    pub fn answering(mut self, query: &Query) -> Self {
+        self.query = query.clone();
+        self
+    }
+
     /// Whether this question reads the events part of a day (else the visits part is enough).
     pub fn needs_events(&self) -> bool {
         self.need_events

@@ -589,3 +589,42 @@ fn closed_time_rows_keep_their_counts_and_open_buckets_stay_exact() {
         }
     }
 }
+
+#[test]
+fn another_page_order_or_metric_of_the_same_sums_shares_a_counted_state() {
+    let (seg, events) = day();
+    let days = [(DAY, &seg, Some(&events))];
+    let q = |metrics: Vec<Metric>, limit, offset, order_by| Query {
+        metrics,
+        dimensions: vec![Dimension::Page],
+        filters: vec![],
+        order_by,
+        limit,
+        offset,
+    };
+    let first = q(vec![Metric::Visitors, Metric::Pageviews], 1, 0, vec![]);
+    let state = state_over(&first, DAY, DAY, &days);
+    let next = q(
+        vec![Metric::Pageviews, Metric::Visitors, Metric::Visits],
+        1,
+        1,
+        vec![(OrderKey::Metric(Metric::Pageviews), true)],
+    );
+    let asked = Evaluator::new(&next, DAY, DAY, &SiteZone::utc()).expect("valid");
+    assert_eq!(state.counting_key(), asked.counting_key());
+    let want = run(&next, DAY, DAY, &SiteZone::utc(), &days, &dict()).expect("answers");
+    assert_eq!(state.clone().answering(&next).finish(), want);
+    assert_eq!(want.rows.len(), 1, "one row per page");
+    // Other sums, other filters: another state.
+    for other in [
+        q(vec![Metric::Pageviews], 1, 0, vec![]),
+        q(vec![Metric::Visitors, Metric::Percentage], 1, 0, vec![]),
+        Query {
+            filters: vec![is(Dimension::Visit(VisitDim::Browser), "Firefox")],
+            ..first.clone()
+        },
+    ] {
+        let e = Evaluator::new(&other, DAY, DAY, &SiteZone::utc()).expect("valid");
+        assert_ne!(state.counting_key(), e.counting_key(), "{other:?}");
+    }
+}
