@@ -9,16 +9,19 @@
 //!   read, so an answer includes every acknowledged event. A day unsealed or sealed again
 //!   between the index and the read of its parts restarts the answer.
 //! - **Bounded.** The days of a range are read and evaluated in chunks of [`CHUNK_DAYS`], the
-//!   next read while one is counted: a question holds at most two chunks it does not keep. Kept parts (visits and events parts
-//!   apart: most questions read only the visits part) stay under the budget, the oldest kept
-//!   first to go. Dictionary entries stay under their own budget.
+//!   next read while one is counted: a question holds at most two chunks it does not keep.
+//!   Kept parts (visits and events parts apart: most questions read only the visits part)
+//!   stay under the budget, the oldest kept first to go. Dictionary entries stay under their
+//!   own budget.
 //! - **Kept states are exact.** Each question's state over the sealed days of its range is
 //!   kept (within a quarter of the budget, oldest first to go) with the days and versions it
 //!   counted, and used again only for exactly those days at those versions; the open days
-//!   are always counted anew on top of it. A repeated question costs its open days. Time
-//!   rows of sealed days are kept as counts ([`Evaluator::close_sealed`]): no open day adds
-//!   to them. A state is named by how its question counts ([`Evaluator::counting_key`]), so
-//!   another page, order or metric of the same sums uses it too.
+//!   are always counted anew, apart, and the answer finished over the kept state, which is
+//!   shared, never copied ([`Evaluator::finish_over`]). A repeated question costs its open
+//!   days. Time rows of sealed days are kept as counts ([`Evaluator::close_sealed`]): no
+//!   open day adds to them. A state is named by how its question counts
+//!   ([`Evaluator::counting_key`]), so another page, order or metric of the same sums uses
+//!   it too.
 //! - **Counted once.** Reads missing the same state take turns: one counts it, the others
 //!   wait and take what it kept (turns are taken in key order, so reads never wait on each
 //!   other in a cycle).
@@ -179,15 +182,15 @@ struct Partials {
 }
 
 impl Partials {
-    fn get(&self, key: &str, sealed: &[(Date, i64)]) -> Option<&Evaluator> {
+    fn get(&self, key: &str, sealed: &[(Date, i64)]) -> Option<Arc<Evaluator>> {
         self.states
             .get(key)
             .filter(|(days, _, _)| days.as_slice() == sealed)
-            .map(|(_, e, _)| e)
+            .map(|(_, e, _)| Arc::clone(e))
     }
 
-    /// Keep a copy of `state` (settled), within `budget` bytes.
-    fn keep(&mut self, key: &str, sealed: &[(Date, i64)], state: &Evaluator, budget: usize) {
+    /// Keep `state` (settled), within `budget` bytes.
+    fn keep(&mut self, key: &str, sealed: &[(Date, i64)], state: &Arc<Evaluator>, budget: usize) {
         let size = state.size() + sealed.len() * 16 + key.len();
         tracing::debug!(
             bytes = size,
@@ -212,14 +215,14 @@ impl Partials {
             }
         }
         self.states
-            .insert(key.to_owned(), (sealed.to_vec(), state.clone(), size));
+            .insert(key.to_owned(), (sealed.to_vec(), Arc::clone(state), size));
         self.order.push_back(key.to_owned());
         self.bytes += size;
     }
 }
 
 /// A kept state: the sealed days (and versions) it counted, the state, its size.
-type KeptState = (Vec<(Date, i64)>, Evaluator, usize);
+type KeptState = (Vec<(Date, i64)>, Arc<Evaluator>, usize);
 
 /// What names a question's state: the site, zone, range and how the question counts
 /// ([`Evaluator::counting_key`]: another page, order or metric of the same sums shares it).
@@ -463,12 +466,15 @@ impl Analytics {
             .iter()
             .map(|e| partial_key(&name, zone, from, to, e))
             .collect();
+        // Each question's state over the sealed days (shared with the kept one, never
+        // copied); `evaluators` count the open days apart.
+        let mut bases: Vec<Option<Arc<Evaluator>>> = vec![None; queries.len()];
         let mut missed = Vec::new();
         {
             let partials = self.partials();
             for (i, key) in keys.iter().enumerate() {
                 match partials.get(key, &index.sealed) {
-                    Some(kept) => evaluators[i] = kept.clone().answering(&queries[i]),
+                    Some(kept) => bases[i] = Some(kept),
                     None => missed.push(i),
                 }
             }
@@ -480,7 +486,7 @@ impl Analytics {
             let partials = self.partials();
             missed.retain(|&i| match partials.get(&keys[i], &index.sealed) {
                 Some(kept) => {
-                    evaluators[i] = kept.clone().answering(&queries[i]);
+                    bases[i] = Some(kept);
                     false
                 }
                 None => true,
@@ -522,8 +528,9 @@ impl Analytics {
                 .for_each(|e| e.close_sealed(|d| sealed.contains(&d)));
             let mut partials = self.partials();
             for (i, e) in missed.into_iter().zip(counted) {
+                let e = Arc::new(e);
                 partials.keep(&keys[i], &index.sealed, &e, self.budget / PARTIALS_SHARE);
-                evaluators[i] = e;
+                bases[i] = Some(e);
             }
         }
         // Then the open days, every question.
@@ -535,7 +542,14 @@ impl Analytics {
         for (e, extra) in evaluators.iter_mut().zip(extras) {
             e.add_extra(extra)?;
         }
-        Ok(Ok(evaluators.into_iter().map(Evaluator::finish).collect()))
+        Ok(Ok(evaluators
+            .into_iter()
+            .zip(bases)
+            .map(|(e, base)| match base {
+                Some(base) => e.finish_over(&base),
+                None => e.finish(),
+            })
+            .collect()))
     }
 
     /// The turns of `keys` (each once, in key order, so two reads never wait on each
@@ -778,7 +792,7 @@ mod tests {
     #[test]
     fn kept_states_stay_within_their_budget_oldest_first_out() {
         let sealed = [(date(2026, 3, 2), 7)];
-        let one = state();
+        let one = Arc::new(state());
         let size = one.size() + sealed.len() * 16 + "q-000".len();
         let budget = size * 10;
         let mut kept = Partials::default();

@@ -129,6 +129,35 @@ impl Acc {
         *pending += 1;
     }
 
+    /// Add `other`'s sums (not its visitor sets: the caller unites or counts them).
+    fn add_sums(&mut self, other: &Acc) {
+        self.events += other.events;
+        self.pageviews += other.pageviews;
+        self.visits += other.visits;
+        self.counted_visitors += other.counted_visitors;
+        self.whole_visits += other.whole_visits;
+        self.duration_s += other.duration_s;
+        self.whole_pageviews += other.whole_pageviews;
+        self.bounce_visits += other.bounce_visits;
+        self.bounces += other.bounces;
+        self.engaged_ms += other.engaged_ms;
+        self.engaged_visits += other.engaged_visits;
+        self.scroll_sum += other.scroll_sum;
+        self.scroll_visits += other.scroll_visits;
+    }
+
+    /// A copy of this settled row's sums, its last visit closed and its visitors counted as
+    /// a number (no set).
+    fn counts(&self) -> Acc {
+        let mut out = Acc::default();
+        out.add_sums(self);
+        out.counted_visitors += self.visitors.len();
+        out.visit_engaged_ms = self.visit_engaged_ms;
+        out.visit_scroll = self.visit_scroll;
+        out.close_visit();
+        out
+    }
+
     /// Merge the pending visitors into the bitmap (sorted once: merging a day at a time would
     /// copy a row's growing containers every day).
     fn settle(&mut self) {
@@ -311,7 +340,7 @@ impl Evaluator {
     /// What decides how this question counts: its dimensions, filters and which sums it
     /// keeps (events walked, visitor sets, the total set); not its metrics as such, order or
     /// page. Two questions with one counting key count the same state, so a kept state of
-    /// one serves the other ([`Evaluator::answering`]).
+    /// one serves the other ([`Evaluator::finish_over`]).
     pub fn counting_key(&self) -> String {
         format!(
             "{:?}\u{1f}{:?}\u{1f}{}{}{}",
@@ -321,13 +350,6 @@ impl Evaluator {
             u8::from(self.want_visitors),
             u8::from(self.want_total)
         )
-    }
-
-    /// This state, answering `query` (which has the same [`Evaluator::counting_key`]):
-    /// its metrics, order and page.
-    pub fn answering(mut self, query: &Query) -> Self {
-        self.query = query.clone();
-        self
     }
 
     /// Whether this question reads the events part of a day (else the visits part is enough).
@@ -710,24 +732,47 @@ impl Evaluator {
             }
             let r = self.rows.at(&key);
             let mine = &mut self.rows.accs[r];
-            mine.events += acc.events;
-            mine.pageviews += acc.pageviews;
-            mine.visits += acc.visits;
+            mine.add_sums(&acc);
             mine.visitors |= acc.visitors;
             mine.held = mine.visitors.len();
-            mine.counted_visitors += acc.counted_visitors;
-            mine.whole_visits += acc.whole_visits;
-            mine.duration_s += acc.duration_s;
-            mine.whole_pageviews += acc.whole_pageviews;
-            mine.bounce_visits += acc.bounce_visits;
-            mine.bounces += acc.bounces;
-            mine.engaged_ms += acc.engaged_ms;
-            mine.engaged_visits += acc.engaged_visits;
-            mine.scroll_sum += acc.scroll_sum;
-            mine.scroll_visits += acc.scroll_visits;
         }
         self.total |= other.total;
         self.extra_total += other.extra_total;
+    }
+
+    /// The answer over this state's days and `base`'s: `base` is the same question (any
+    /// page, order or metrics of one [`Evaluator::counting_key`]) over other days, settled,
+    /// and is only read (a kept state serves many readers without a copy of its visitor
+    /// sets: a row's visitors are counted as the size of the union of both sets).
+    pub fn finish_over(mut self, base: &Evaluator) -> Answer {
+        debug_assert_eq!(base.pending, 0, "a base is settled");
+        self.settle();
+        let mut values = base.values.clone();
+        let mut rows = Rows {
+            index: base.rows.index.clone(),
+            dense: base.rows.dense.clone(),
+            keys: base.rows.keys.clone(),
+            accs: base.rows.accs.iter().map(Acc::counts).collect(),
+        };
+        let mut key = vec![0u32; self.key.len()];
+        for (own_key, acc) in self.rows.keys.iter().zip(&mut self.rows.accs) {
+            acc.close_visit();
+            for (k, id) in own_key.iter().enumerate() {
+                key[k] = values[k].id(&self.values[k].names[*id as usize]);
+            }
+            let r = rows.at(&key);
+            let new = match base.rows.accs.get(r) {
+                Some(b) => acc.visitors.len() - acc.visitors.intersection_len(&b.visitors),
+                None => acc.visitors.len(),
+            };
+            let mine = &mut rows.accs[r];
+            mine.add_sums(acc);
+            mine.counted_visitors += new;
+        }
+        let total = base.total.len() + self.total.len() - self.total.intersection_len(&base.total)
+            + base.extra_total
+            + self.extra_total;
+        finish(&self.query, rows, values, total, self.from, self.to)
     }
 
     /// The answer.

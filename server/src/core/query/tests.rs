@@ -568,18 +568,8 @@ fn closed_time_rows_keep_their_counts_and_open_buckets_stay_exact() {
         let open = e.size();
         e.close_sealed(|d| d == DAY);
         let closed = e.size();
-        let mut cols = crate::core::segment::Decoded::default();
-        cols.fill(&two.0, Some(&two.1));
-        e.add(
-            &DayInput {
-                day: day2,
-                seg: &two.0,
-                events: Some(&two.1),
-                cols: &cols,
-            },
-            &dict(),
-        );
-        assert_eq!(e.finish(), whole, "{grain:?}");
+        let open_day = state_over(&q, DAY, day2, &[(day2, &two.0, Some(&two.1))]);
+        assert_eq!(open_day.finish_over(&e), whole, "{grain:?}");
         if grain == Grain::Week {
             // The week also holds Tuesday: its set stays, so visitor 1 counts once.
             assert_eq!(closed, open);
@@ -588,6 +578,25 @@ fn closed_time_rows_keep_their_counts_and_open_buckets_stay_exact() {
             assert!(closed < open, "{grain:?}: {closed} against {open}");
         }
     }
+    // Shares of all visitors: the total set is united the same way (visitor 1 came both days).
+    let q = Query {
+        metrics: vec![Metric::Visitors, Metric::Percentage],
+        dimensions: vec![Dimension::Visit(VisitDim::Browser)],
+        ..by(Grain::Day)
+    };
+    let both = [(DAY, &one.0, Some(&one.1)), (day2, &two.0, Some(&two.1))];
+    let whole = run(&q, DAY, day2, &SiteZone::utc(), &both, &dict()).expect("answers");
+    let mut base = state_over(&q, DAY, day2, &both[..1]);
+    base.settle();
+    let open_day = state_over(&q, DAY, day2, &both[1..]);
+    assert_eq!(open_day.finish_over(&base), whole);
+    let firefox = &whole.rows[1];
+    assert_eq!(firefox.dimensions, vec!["Firefox".to_owned()]);
+    assert_eq!(
+        firefox.metrics,
+        vec![Value::Int(2), Value::Float(50.0)],
+        "visitors 1 (both days) and 9 of 4"
+    );
 }
 
 #[test]
@@ -603,17 +612,19 @@ fn another_page_order_or_metric_of_the_same_sums_shares_a_counted_state() {
         offset,
     };
     let first = q(vec![Metric::Visitors, Metric::Pageviews], 1, 0, vec![]);
-    let state = state_over(&first, DAY, DAY, &days);
+    let mut state = state_over(&first, DAY, DAY, &days);
+    state.settle();
     let next = q(
         vec![Metric::Pageviews, Metric::Visitors, Metric::Visits],
         1,
         1,
         vec![(OrderKey::Metric(Metric::Pageviews), true)],
     );
+    // Asked over no days of its own, on top of the counted state.
     let asked = Evaluator::new(&next, DAY, DAY, &SiteZone::utc()).expect("valid");
     assert_eq!(state.counting_key(), asked.counting_key());
     let want = run(&next, DAY, DAY, &SiteZone::utc(), &days, &dict()).expect("answers");
-    assert_eq!(state.clone().answering(&next).finish(), want);
+    assert_eq!(asked.finish_over(&state), want);
     assert_eq!(want.rows.len(), 1, "one row per page");
     // Other sums, other filters: another state.
     for other in [
