@@ -27,7 +27,9 @@
 //!   other in a cycle).
 //! - **Two threads.** The days of a chunk are split in two halves of about equal weight,
 //!   counted on two threads into two states per question, folded together at the end
-//!   (visits never span two days, so sums add and visitor sets unite exactly).
+//!   (visits never span two days, so sums add and visitor sets unite exactly). Counting
+//!   threads are the analytics' own, at a lower CPU priority than the collector's: reads
+//!   yield to live hits.
 //! - Dictionary rows (page paths, dimension tuples) never change once stored, so they are
 //!   kept until their budget is full.
 //! - Imported breakdowns are read per question, only when asked ([`Analytics::answer_with`])
@@ -268,9 +270,7 @@ impl Counting {
     /// Count `days` (in day order), off the async runtime: a year of a large site is CPU work
     /// of a second or so.
     async fn count(self, days: Vec<DayParts>, dict: Arc<SiteDict>) -> Result<Self, StoreError> {
-        tokio::task::spawn_blocking(move || self.count_now(&days, &dict))
-            .await
-            .map_err(|e| StoreError::Invalid(format!("evaluating a question failed: {e}")))
+        yielding(move || self.count_now(&days, &dict)).await
     }
 
     fn count_now(mut self, days: &[DayParts], dict: &SiteDict) -> Self {
@@ -289,7 +289,10 @@ impl Counting {
         let (first, second) = days.split_at(at.max(1));
         std::thread::scope(|s| {
             let other = &mut self.second;
-            s.spawn(move || count(other, second, dict));
+            s.spawn(move || {
+                yield_cpu();
+                count(other, second, dict);
+            });
             count(&mut self.first, first, dict);
         });
         self
@@ -298,14 +301,17 @@ impl Counting {
     /// Both halves folded into one answer per question, each half's visitors merged on its
     /// own thread first.
     async fn finish(self) -> Result<Vec<Evaluator>, StoreError> {
-        tokio::task::spawn_blocking(move || {
+        yielding(move || {
             let Self {
                 mut first,
                 mut second,
             } = self;
             std::thread::scope(|s| {
                 let other = &mut second;
-                s.spawn(move || other.iter_mut().for_each(Evaluator::settle));
+                s.spawn(move || {
+                    yield_cpu();
+                    other.iter_mut().for_each(Evaluator::settle);
+                });
                 first.iter_mut().for_each(Evaluator::settle);
             });
             for (e, other) in first.iter_mut().zip(second) {
@@ -314,7 +320,39 @@ impl Counting {
             first
         })
         .await
-        .map_err(|e| StoreError::Invalid(format!("evaluating a question failed: {e}")))
+    }
+}
+
+/// The nice value of counting threads: under contention the collector's threads (nice 0)
+/// get ~90 % of a core against one of them, so a burst of year reads slows the reads, not
+/// live hits.
+const COUNTING_NICE: i32 = 10;
+
+/// Run `f` off the async runtime on a thread of its own at a lower CPU priority
+/// ([`COUNTING_NICE`]; the thread ends with `f`, so nothing else inherits it).
+async fn yielding<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, StoreError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("tally-count".into())
+        .spawn(move || {
+            yield_cpu();
+            let _ = tx.send(f());
+        })
+        .map_err(|e| StoreError::Invalid(format!("starting a counting thread failed: {e}")))?;
+    rx.await
+        .map_err(|_| StoreError::Invalid("evaluating a question failed".into()))
+}
+
+/// Lower the calling thread's CPU priority to [`COUNTING_NICE`] (Linux sets nice per
+/// thread); where it cannot, the thread runs at the normal priority.
+fn yield_cpu() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) =
+        rustix::process::setpriority_process(Some(rustix::thread::gettid()), COUNTING_NICE)
+    {
+        tracing::debug!(error = %e, "could not lower a counting thread's priority");
     }
 }
 
@@ -443,7 +481,7 @@ impl Analytics {
         let mut dict: Arc<SiteDict> = self.kept().dicts.get(&name).cloned().unwrap_or_default();
         // Open days, built off the runtime.
         let zone_for_open = zone.clone();
-        let open: Vec<DayParts> = tokio::task::spawn_blocking(move || {
+        let open: Vec<DayParts> = yielding(move || {
             index
                 .open
                 .into_iter()
@@ -458,8 +496,7 @@ impl Analytics {
                 })
                 .collect()
         })
-        .await
-        .map_err(|e| StoreError::Invalid(format!("building open days failed: {e}")))?;
+        .await?;
         // The sealed days: each question's state over them as kept (same days at the same
         // versions), else counted now, chunk by chunk, and kept.
         let keys: Vec<String> = evaluators
@@ -787,6 +824,20 @@ mod tests {
         };
         let day = date(2026, 3, 2);
         Evaluator::new(&q, day, day, &SiteZone::utc()).expect("a valid question")
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn counting_runs_at_a_lower_priority_than_the_caller() {
+        let nice = || rustix::process::getpriority_process(Some(rustix::thread::gettid()));
+        let caller = nice().expect("own priority");
+        let counting = yielding(nice).await.expect("ran").expect("its priority");
+        assert_eq!(counting, COUNTING_NICE.max(caller));
+        assert_eq!(
+            nice().expect("own priority"),
+            caller,
+            "the caller is left alone"
+        );
     }
 
     #[test]
