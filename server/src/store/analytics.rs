@@ -21,7 +21,8 @@
 //!   days. Time rows of sealed days are kept as counts ([`Evaluator::close_sealed`]): no
 //!   open day adds to them. A state is named by how its question counts
 //!   ([`Evaluator::counting_key`]), so another page, order or metric of the same sums uses
-//!   it too.
+//!   it too. A kept state over some of the sealed days (each still at its version) grows by
+//!   the days it lacks, counted alone and merged: the seal of yesterday costs one day.
 //! - **Counted once.** Reads missing the same state take turns: one counts it, the others
 //!   wait and take what it kept (turns are taken in key order, so reads never wait on each
 //!   other in a cycle).
@@ -166,6 +167,8 @@ pub struct Analytics {
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Question states counted over sealed days so far ([`Analytics::states_counted`]).
     counted: std::sync::atomic::AtomicU64,
+    /// Sealed days counted so far, summed over questions ([`Analytics::days_counted`]).
+    days: std::sync::atomic::AtomicU64,
 }
 
 /// Kept question states ([`Partials`]) may use one part in this many of the budget of kept
@@ -189,6 +192,24 @@ impl Partials {
             .get(key)
             .filter(|(days, _, _)| days.as_slice() == sealed)
             .map(|(_, e, _)| Arc::clone(e))
+    }
+
+    /// A kept state over some of `sealed` (each of its days still sealed at the version it
+    /// counted), and the days of `sealed` it lacks: counting only those and merging gives
+    /// the state over `sealed` (visits never span two days).
+    fn below(&self, key: &str, sealed: &[(Date, i64)]) -> Option<Below> {
+        let (days, state, _) = self.states.get(key)?;
+        let now: HashSet<(Date, i64)> = sealed.iter().copied().collect();
+        if !days.iter().all(|d| now.contains(d)) {
+            return None;
+        }
+        let had: HashSet<(Date, i64)> = days.iter().copied().collect();
+        let lacking: Vec<(Date, i64)> = sealed
+            .iter()
+            .copied()
+            .filter(|d| !had.contains(d))
+            .collect();
+        Some((Arc::clone(state), lacking))
     }
 
     /// Keep `state` (settled), within `budget` bytes.
@@ -222,6 +243,9 @@ impl Partials {
         self.bytes += size;
     }
 }
+
+/// A kept state over some sealed days, and the sealed days it lacks ([`Partials::below`]).
+type Below = (Arc<Evaluator>, Vec<(Date, i64)>);
 
 /// A kept state: the sealed days (and versions) it counted, the state, its size.
 type KeptState = (Vec<(Date, i64)>, Arc<Evaluator>, usize);
@@ -390,6 +414,7 @@ impl Analytics {
             partials: Mutex::default(),
             turns: Mutex::default(),
             counted: std::sync::atomic::AtomicU64::new(0),
+            days: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -397,6 +422,12 @@ impl Analytics {
     /// answer over sealed days came from a kept state).
     pub fn states_counted(&self) -> u64 {
         self.counted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many sealed days were counted since the start, summed over the questions that
+    /// counted them (a kept state extended by newly sealed days counts only those).
+    pub fn days_counted(&self) -> u64 {
+        self.days.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
@@ -530,13 +561,44 @@ impl Analytics {
             });
         }
         if !missed.is_empty() && !index.sealed.is_empty() {
+            // Kept states over some of these days grow by the days they lack, when every
+            // missed question lacks the same ones (once a day is sealed, all of them do).
+            let (grown, lacking) = {
+                let partials = self.partials();
+                let below: Vec<Option<Below>> = missed
+                    .iter()
+                    .map(|&i| partials.below(&keys[i], &index.sealed))
+                    .collect();
+                let same = below
+                    .first()
+                    .and_then(Option::as_ref)
+                    .map(|(_, l)| l.clone());
+                match same {
+                    Some(l)
+                        if below
+                            .iter()
+                            .all(|b| b.as_ref().is_some_and(|(_, x)| *x == l)) =>
+                    {
+                        (
+                            below.into_iter().map(|b| b.map(|(s, _)| s)).collect(),
+                            Some(l),
+                        )
+                    }
+                    _ => (vec![None; missed.len()], None),
+                }
+            };
+            let days: &[(Date, i64)] = lacking.as_deref().unwrap_or(&index.sealed);
             self.counted
                 .fetch_add(missed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            self.days.fetch_add(
+                (missed.len() * days.len()) as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
             let fresh: Vec<Evaluator> = missed.iter().map(|&i| evaluators[i].fresh()).collect();
             let need_events = fresh.iter().any(Evaluator::needs_events);
             let mut counting = Counting::new(fresh);
             // Each chunk is read while the one before it is counted.
-            let mut chunks = index.sealed.chunks(CHUNK_DAYS);
+            let mut chunks = days.chunks(CHUNK_DAYS);
             let mut next = match chunks.next() {
                 Some(chunk) => Some(self.sealed(site, chunk, need_events).await?),
                 None => None,
@@ -557,12 +619,29 @@ impl Analytics {
                 counting = counted?;
                 next = read.transpose()?;
             }
-            let mut counted = counting.finish().await?;
-            // Time rows of sealed days keep counts, not visitor sets (no open day adds to them).
+            let counted = counting.finish().await?;
+            // Grown states: the kept one and the days it lacked. Time rows of sealed days keep
+            // counts, not visitor sets (no open day adds to them).
             let sealed: HashSet<Date> = index.sealed.iter().map(|(d, _)| *d).collect();
-            counted
-                .iter_mut()
-                .for_each(|e| e.close_sealed(|d| sealed.contains(&d)));
+            let counted: Vec<Evaluator> = yielding(move || {
+                counted
+                    .into_iter()
+                    .zip(grown)
+                    .map(|(e, base)| {
+                        let mut e = match base {
+                            Some(base) => {
+                                let mut whole = Evaluator::clone(&base);
+                                whole.merge(e);
+                                whole
+                            }
+                            None => e,
+                        };
+                        e.close_sealed(|d| sealed.contains(&d));
+                        e
+                    })
+                    .collect()
+            })
+            .await?;
             let mut partials = self.partials();
             for (i, e) in missed.into_iter().zip(counted) {
                 let e = Arc::new(e);

@@ -568,6 +568,64 @@ async fn concurrent_readers_of_one_question_count_it_once(db: &impl Harness) {
     assert_eq!(analytics.states_counted(), 2);
 }
 
+async fn a_kept_state_grows_by_the_days_sealed_since(db: &impl Harness) {
+    let store: Arc<dyn Store> = db.handle(None);
+    let records = [
+        (1, 1, D1, "/a"),
+        (2, 2, D1, "/b"),
+        (3, 1, D2, "/a"),
+        (4, 3, D2, "/c"),
+    ]
+    .map(|(n, visitor, day, page)| {
+        let at = format!("{day}T10:0{n}:00Z");
+        view(n, visitor, page, &at, ("", "Direct", "Firefox"))
+    });
+    store.commit(records.to_vec()).await.expect("commit");
+    assert!(
+        store
+            .seal_day(&site(), D1, day_start(D1))
+            .await
+            .expect("seal")
+    );
+    let analytics = Analytics::new(store.clone(), 64 << 20);
+    let zone = SiteZone::utc();
+    let questions = [
+        q(&[Metric::Visitors, Metric::Visits], &[], vec![]),
+        q(&[Metric::Visitors], &[Dimension::Page], vec![]),
+        q(
+            &[Metric::Visitors],
+            &[Dimension::Time(tally::core::query::Grain::Week)],
+            vec![],
+        ),
+    ];
+    let before = analytics
+        .answer(&site(), &zone, D1, D2, &questions)
+        .await
+        .expect("answers");
+    assert_eq!(
+        before[0].rows[0].metrics,
+        vec![Value::Int(3), Value::Int(4)]
+    );
+    assert_eq!(analytics.days_counted(), 3, "D1 for each question");
+    // D2 sealed: each state grows by D2 alone, and answers the same.
+    assert!(
+        store
+            .seal_day(&site(), D2, day_start(D2))
+            .await
+            .expect("seal")
+    );
+    let after = analytics
+        .answer(&site(), &zone, D1, D2, &questions)
+        .await
+        .expect("answers");
+    assert_eq!(after, before);
+    assert_eq!(
+        analytics.days_counted(),
+        6,
+        "then D2 for each, not D1 and D2 again"
+    );
+}
+
 async fn verify_recounts_segments_and_repairs_them(db: &impl Harness) {
     let store = db.handle(None);
     store
@@ -628,6 +686,7 @@ macro_rules! segment_checks {
                 answers_stay_exact_across_sealed_and_open_days,
                 verify_recounts_segments_and_repairs_them,
                 concurrent_readers_of_one_question_count_it_once,
+                a_kept_state_grows_by_the_days_sealed_since,
             );
         }
     )*};
