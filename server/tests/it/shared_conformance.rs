@@ -503,7 +503,7 @@ mod on_redis {
         let window_ms = i64::from(LIVE_WINDOW_SECS) * 1000;
         live.record(&entry("s", None, 1), T0_MS).await;
         live.record(&entry("s", None, 2), T0_MS + 1_000).await;
-        // Sent together: most likely one pipeline holding both seconds.
+        // Sent together: often one pipeline holding both seconds.
         let late = T0_MS + 10 * window_ms;
         let (old, new) = (entry("s", None, 3), entry("s", None, 4));
         futures_util::join!(live.record(&old, late - window_ms), live.record(&new, late));
@@ -525,7 +525,13 @@ mod on_redis {
             .query_async(&mut conn)
             .await
             .expect("zrange");
-        assert_eq!(members, vec![4], "only the latest window's visitor is kept");
+        // The first window's visitors are trimmed. Visitor 3 (one window before 4) stays only
+        // when its record reached Redis after 4's trim: the two calls race, and the next
+        // record trims it; reads count by time either way.
+        assert!(
+            members.contains(&4) && !members.contains(&1) && !members.contains(&2),
+            "the first window's visitors are trimmed, the latest kept: {members:?}"
+        );
         let n = live.read(&site("s"), None, late).await;
         assert_eq!((n.events, n.visitors), (1, 1));
     }
