@@ -511,30 +511,37 @@ async fn answers_stay_exact_across_sealed_and_open_days(db: &impl Harness) {
     );
 }
 
+/// Direct Firefox page views at 10:0n on their day: (n, visitor, day, page).
+fn morning_views(views: &[(u16, u8, Date, &str)]) -> Vec<Record> {
+    views
+        .iter()
+        .map(|&(n, visitor, day, page)| {
+            let at = format!("{day}T10:0{n}:00Z");
+            view(n, visitor, page, &at, ("", "Direct", "Firefox"))
+        })
+        .collect()
+}
+
+async fn seal(store: &dyn Store, day: Date) {
+    assert!(
+        store
+            .seal_day(&site(), day, day_start(day))
+            .await
+            .expect("seal")
+    );
+}
+
 async fn concurrent_readers_of_one_question_count_it_once(db: &impl Harness) {
     let store: Arc<dyn Store> = db.handle(None);
-    let mut records = Vec::new();
-    for (i, (day, page)) in [(2, "/a"), (2, "/b"), (3, "/a"), (3, "/c")]
-        .into_iter()
-        .enumerate()
-    {
-        let at = format!("2026-03-0{day}T10:0{i}:00Z");
-        records.push(view(
-            i as u16 + 1,
-            (i % 2 + 1) as u8,
-            page,
-            &at,
-            ("", "Direct", "Firefox"),
-        ));
-    }
+    let records = morning_views(&[
+        (1, 1, D1, "/a"),
+        (2, 2, D1, "/b"),
+        (3, 1, D2, "/a"),
+        (4, 2, D2, "/c"),
+    ]);
     store.commit(records).await.expect("commit");
     for day in [D1, D2] {
-        assert!(
-            store
-                .seal_day(&site(), day, day_start(day))
-                .await
-                .expect("seal")
-        );
+        seal(&*store, day).await;
     }
     let analytics = Analytics::new(store.clone(), 64 << 20);
     let zone = SiteZone::utc();
@@ -570,23 +577,14 @@ async fn concurrent_readers_of_one_question_count_it_once(db: &impl Harness) {
 
 async fn a_kept_state_grows_by_the_days_sealed_since(db: &impl Harness) {
     let store: Arc<dyn Store> = db.handle(None);
-    let records = [
+    let records = morning_views(&[
         (1, 1, D1, "/a"),
         (2, 2, D1, "/b"),
         (3, 1, D2, "/a"),
         (4, 3, D2, "/c"),
-    ]
-    .map(|(n, visitor, day, page)| {
-        let at = format!("{day}T10:0{n}:00Z");
-        view(n, visitor, page, &at, ("", "Direct", "Firefox"))
-    });
-    store.commit(records.to_vec()).await.expect("commit");
-    assert!(
-        store
-            .seal_day(&site(), D1, day_start(D1))
-            .await
-            .expect("seal")
-    );
+    ]);
+    store.commit(records).await.expect("commit");
+    seal(&*store, D1).await;
     let analytics = Analytics::new(store.clone(), 64 << 20);
     let zone = SiteZone::utc();
     let questions = [
@@ -608,12 +606,7 @@ async fn a_kept_state_grows_by_the_days_sealed_since(db: &impl Harness) {
     );
     assert_eq!(analytics.days_counted(), 3, "D1 for each question");
     // D2 sealed: each state grows by D2 alone, and answers the same.
-    assert!(
-        store
-            .seal_day(&site(), D2, day_start(D2))
-            .await
-            .expect("seal")
-    );
+    seal(&*store, D2).await;
     let after = analytics
         .answer(&site(), &zone, D1, D2, &questions)
         .await
