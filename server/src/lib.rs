@@ -225,6 +225,10 @@ pub async fn run(
     // No handler runs any more: the last views not counted go to the store.
     not_counted.flush(store.as_ref()).await;
     writer.await?;
+    // Every write is committed: leave the database alone on disk (no WAL to replay or keep).
+    if let Err(e) = store.close_log().await {
+        tracing::warn!(error = %e, "folding the log into the database at stop failed; the next start replays it");
+    }
     Ok(())
 }
 

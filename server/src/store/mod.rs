@@ -773,6 +773,14 @@ pub trait Maintenance: Send + Sync {
 
     /// Free bytes on the database's filesystem, if the backend has one (cheap; for metrics).
     fn free_bytes(&self) -> Option<u64>;
+
+    /// At a clean stop, once every write is committed: fold what the backend keeps beside
+    /// its data into it, so a stopped collector leaves only its database on disk (SQLite:
+    /// checkpoint the WAL into the main file and truncate it). Best effort and a no-op where
+    /// the backend manages its own log (PostgreSQL).
+    async fn close_log(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// A whole backend: every job. Implemented for any type that implements the nine job traits;

@@ -181,3 +181,45 @@ async fn kill_9_loses_no_acknowledged_hit_and_retries_count_once() {
     assert!(verify.status.success(), "verify failed: {out}");
     assert!(out.contains(", 0 drifted"), "{out}");
 }
+
+/// A clean stop (SIGTERM) folds the WAL into the database: what stays on disk is the main
+/// file alone, and it holds every acknowledged hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_folds_the_wal_into_the_database() {
+    const HITS: usize = 300;
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("stop.sqlite");
+    let wal = dir.path().join("stop.sqlite-wal");
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let (mut child, base) = start(&db).await;
+    let client = client();
+    let visitor = uuid::Uuid::new_v4().to_string();
+    for _ in 0..HITS {
+        let id = uuid::Uuid::now_v7().to_string();
+        assert_eq!(
+            send(&client, &base, &hit(&id, &visitor)).await.as_deref(),
+            Some("accepted")
+        );
+    }
+    assert!(len(&wal) > 0, "a running collector commits into its WAL");
+    let pid = child.id().expect("running");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let status = child.wait().await.expect("wait");
+    assert!(status.success(), "tally exited with {status}");
+    assert_eq!(
+        len(&wal),
+        0,
+        "the WAL was folded in and truncated at the stop"
+    );
+    let conn =
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open");
+    let stored: i64 = conn
+        .query_row("SELECT COUNT(*) FROM events WHERE kind = 0", [], |r| {
+            r.get(0)
+        })
+        .expect("count");
+    assert_eq!(stored, HITS as i64);
+}

@@ -143,6 +143,11 @@ pub enum SyncMode {
     Normal,
 }
 
+/// The size the WAL is cut back to when a checkpoint resets it (`journal_size_limit`): far
+/// above what steady traffic fills between checkpoints (a few MiB), so ingest keeps reusing
+/// the file in place, and well below the free-space floor.
+const WAL_LIMIT_BYTES: i64 = 64 << 20;
+
 /// How the SQLite store is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
@@ -297,6 +302,10 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
         conn.pragma_update(None, "temp_store", "FILE")?;
+        // The WAL is reused from its start after each complete checkpoint and never shrinks
+        // on its own: after a burst (or a long read holding checkpoints back) it is cut back
+        // to this size at the next reset.
+        conn.pragma_update(None, "journal_size_limit", WAL_LIMIT_BYTES)?;
         schema::prepare(&mut conn, path)?;
         let wal = match options.sync {
             SyncMode::Full => match durable::Wal::open(path) {
@@ -938,6 +947,23 @@ impl Maintenance for SqliteStore {
 
     fn free_bytes(&self) -> Option<u64> {
         self.guard.free_bytes()
+    }
+
+    async fn close_log(&self) -> Result<(), StoreError> {
+        self.write(|w| {
+            w.conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .map_err(StoreError::from)
+                .and_then(|busy| match busy {
+                    0 => Ok(()),
+                    _ => Err(StoreError::Conflict(
+                        "a reader held the WAL: it was not truncated".into(),
+                    )),
+                })
+        })
+        .await
     }
 }
 
