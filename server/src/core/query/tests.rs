@@ -639,3 +639,78 @@ fn another_page_order_or_metric_of_the_same_sums_shares_a_counted_state() {
         assert_ne!(state.counting_key(), e.counting_key(), "{other:?}");
     }
 }
+
+mod dense_sets {
+    use proptest::prelude::*;
+    use roaring::RoaringBitmap;
+
+    use super::super::eval::dense_set;
+
+    /// The set as the sorting path builds it.
+    fn sorted(values: &[u32]) -> RoaringBitmap {
+        let mut all = values.to_vec();
+        all.sort_unstable();
+        all.dedup();
+        RoaringBitmap::from_sorted_iter(all).expect("sorted")
+    }
+
+    /// Runs of ascending numbers, as days of visitors come: `runs` runs of `per_run` numbers
+    /// drawn from `base..base + span`.
+    fn days(base: u32, span: u32, runs: usize, per_run: usize, seed: u64) -> Vec<u32> {
+        let mut x = seed | 1;
+        let mut out = Vec::new();
+        for _ in 0..runs {
+            let mut run: Vec<u32> = (0..per_run)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    base + (x % u64::from(span)) as u32
+                })
+                .collect();
+            run.sort_unstable();
+            out.extend(run);
+        }
+        out
+    }
+
+    #[test]
+    fn a_dense_spread_is_built_as_a_bitset_and_equals_the_sorted_set() {
+        // A popular page over a year: 300 runs of 5,000 visitors among 1,000,000.
+        let values = days(0, 1_000_000, 300, 5_000, 7);
+        let set = dense_set(&values).expect("dense enough for the bitset");
+        assert_eq!(set, sorted(&values));
+        // Across a container boundary, starting mid-container.
+        let values = days(65_530, 200_000, 20, 1_000, 3);
+        assert_eq!(dense_set(&values).expect("dense"), sorted(&values));
+        // Near the top of the number space.
+        let values = days(u32::MAX - 100_000, 90_000, 10, 1_000, 5);
+        assert_eq!(dense_set(&values).expect("dense"), sorted(&values));
+    }
+
+    #[test]
+    fn few_or_spread_numbers_are_left_to_the_sort() {
+        assert!(dense_set(&days(0, 1_000, 1, 4_000, 1)).is_none(), "too few");
+        let spread = days(0, 4_000_000_000, 4, 2_000, 9);
+        assert!(
+            dense_set(&spread).is_none(),
+            "a bitset would be mostly empty"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn whatever_path_builds_it_the_set_is_the_same(
+            base in 0u32..u32::MAX - 300_000,
+            span in 1u32..300_000,
+            runs in 1usize..40,
+            per_run in 1usize..800,
+            seed in any::<u64>(),
+        ) {
+            let values = days(base, span, runs, per_run, seed);
+            if let Some(set) = dense_set(&values) {
+                prop_assert_eq!(set, sorted(&values));
+            }
+        }
+    }
+}
