@@ -178,6 +178,34 @@ impl DaySets {
     }
 }
 
+/// One day's visitor keys as read, in one buffer (a year of a large site reads millions of
+/// keys: one allocation each cost ~7 % of a cold range read).
+#[derive(Default)]
+pub(crate) struct DayKeys {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl DayKeys {
+    pub(crate) fn push(&mut self, key: &[u8]) {
+        self.bytes.extend_from_slice(key);
+        self.ends.push(self.bytes.len());
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    /// The keys, in the order pushed.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(start, end)| &self.bytes[start..end])
+    }
+}
+
 /// One range count in progress (see [`DaySets::union`]).
 pub(crate) struct Union<'a> {
     owner: &'a DaySets,
@@ -203,13 +231,16 @@ impl Union<'_> {
         visitors: u64,
         keys: impl IntoIterator<Item = &'k [u8]>,
     ) {
-        let mut set = RoaringBitmap::new();
+        // Numbers come in key order, not number order: gathered and sorted, then built in
+        // one pass (inserting each in turn shifted array containers at every insert).
+        let mut numbers: Vec<u32> =
+            Vec::with_capacity(usize::try_from(visitors).unwrap_or(0).min(1 << 20));
         if let Ok(mut numbering) = self.numbering.lock() {
-            for key in keys {
-                set.insert(numbering.number(key));
-            }
+            numbers.extend(keys.into_iter().map(|key| numbering.number(key)));
         }
-        let set = Arc::new(set);
+        numbers.sort_unstable();
+        numbers.dedup();
+        let set = Arc::new(RoaringBitmap::from_sorted_iter(numbers).unwrap_or_default());
         if set.len() == visitors
             && let Ok(mut inner) = self.owner.inner.lock()
             && inner.generation == self.generation
@@ -334,6 +365,21 @@ mod tests {
         assert_eq!(other.count(), 2);
         first.add_day(2, 2, [key(2), key(5)].iter().map(|k| k.as_slice()));
         assert_eq!(first.count(), 3);
+    }
+
+    #[test]
+    fn day_keys_give_back_each_key_as_pushed() {
+        let mut keys = DayKeys::default();
+        for k in [&b"0123456789abcdef"[..], b"", b"short", b"0123456789abcdef"] {
+            keys.push(k);
+        }
+        let got: Vec<&[u8]> = keys.iter().collect();
+        assert_eq!(
+            got,
+            [&b"0123456789abcdef"[..], b"", b"short", b"0123456789abcdef"]
+        );
+        keys.clear();
+        assert_eq!(keys.iter().count(), 0);
     }
 
     #[test]

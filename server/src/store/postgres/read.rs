@@ -15,7 +15,7 @@ use crate::core::filtered::{FilteredCounts, Reason};
 use crate::core::ids::SiteId;
 use crate::core::record::Source;
 use crate::store::daypages::{self, Stamp};
-use crate::store::daysets::{self, DaySets};
+use crate::store::daysets::{self, DayKeys, DaySets};
 use crate::store::{
     BySource, CountsRaw, DayRow, EventRow, IMPORTED_SOURCE, PageRow, ReferrerRow, Site, StoreError,
     numbers,
@@ -277,22 +277,22 @@ async fn distinct_visitors(
     let rows = client.query_raw(&stmt, params).await?;
     futures_util::pin_mut!(rows);
     let mut day: Option<i32> = None;
-    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut keys = DayKeys::default();
     while let Some(row) = rows.try_next().await? {
         let row_day: i32 = row.get(0);
         if day != Some(row_day) {
             if let Some(done) = day {
                 let n = wanted.get(&done).copied().unwrap_or(0);
-                union.add_day(i64::from(done), n, keys.iter().map(Vec::as_slice));
+                union.add_day(i64::from(done), n, keys.iter());
                 keys.clear();
             }
             day = Some(row_day);
         }
-        keys.push(row.get(1));
+        keys.push(row.get::<_, &[u8]>(1));
     }
     if let Some(done) = day {
         let n = wanted.get(&done).copied().unwrap_or(0);
-        union.add_day(i64::from(done), n, keys.iter().map(Vec::as_slice));
+        union.add_day(i64::from(done), n, keys.iter());
     }
     Ok(union.count())
 }

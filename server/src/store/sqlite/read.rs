@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use super::*;
 use crate::core::filtered::Reason;
 use crate::store::daypages::{self, DayPages, Stamp};
-use crate::store::daysets::{self, DaySets};
+use crate::store::daysets::{self, DayKeys, DaySets};
 
 /// The site's id and whole-site scope, if the site was ever counted.
 fn site_scope(conn: &Connection, site: &str) -> Result<Option<(i64, i64)>, StoreError> {
@@ -193,12 +193,17 @@ fn distinct_visitors(
     let mut stmt = conn.prepare_cached(
         "SELECT visitor FROM visits WHERE day = ?1 AND scope = ?2 AND source = ?3",
     )?;
+    let mut keys = DayKeys::default();
     for (day, visitors) in union.missing().to_vec() {
-        let mut keys: Vec<Vec<u8>> = stmt
-            .query_map(params![day, scope, source], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        keys.extend(journal.remove(&day).unwrap_or_default());
-        union.add_day(day, visitors, keys.iter().map(Vec::as_slice));
+        keys.clear();
+        let mut rows = stmt.query(params![day, scope, source])?;
+        while let Some(row) = rows.next()? {
+            keys.push(row.get_ref(0)?.as_blob().map_err(rusqlite::Error::from)?);
+        }
+        for key in journal.remove(&day).unwrap_or_default() {
+            keys.push(&key);
+        }
+        union.add_day(day, visitors, keys.iter());
     }
     Ok(union.count())
 }
