@@ -231,16 +231,14 @@ impl Union<'_> {
         visitors: u64,
         keys: impl IntoIterator<Item = &'k [u8]>,
     ) {
-        // Numbers come in key order, not number order: gathered and sorted, then built in
-        // one pass (inserting each in turn shifted array containers at every insert).
+        // Numbers come in key order, not number order: gathered, then built in one pass
+        // (inserting each in turn shifted array containers at every insert).
         let mut numbers: Vec<u32> =
             Vec::with_capacity(usize::try_from(visitors).unwrap_or(0).min(1 << 20));
         if let Ok(mut numbering) = self.numbering.lock() {
             numbers.extend(keys.into_iter().map(|key| numbering.number(key)));
         }
-        numbers.sort_unstable();
-        numbers.dedup();
-        let set = Arc::new(RoaringBitmap::from_sorted_iter(numbers).unwrap_or_default());
+        let set = Arc::new(crate::core::query::set_of(numbers));
         if set.len() == visitors
             && let Ok(mut inner) = self.owner.inner.lock()
             && inner.generation == self.generation

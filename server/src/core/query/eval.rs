@@ -174,17 +174,19 @@ fn settle(bitmap: &mut RoaringBitmap, pending: &mut Vec<u32>) {
         return;
     }
     // Taken, not drained: a row seen once keeps no buffer.
-    let mut all = std::mem::take(pending);
-    let more = match dense_set(&all) {
-        Some(set) => set,
-        None => {
-            // Each day's visitors are one sorted run, which a stable sort merges run by run.
-            all.sort();
-            all.dedup();
-            RoaringBitmap::from_sorted_iter(all).unwrap_or_default()
-        }
-    };
-    *bitmap |= more;
+    *bitmap |= set_of(std::mem::take(pending));
+}
+
+/// The set of `numbers` (any order, repeats allowed): built in a bitset when they are many
+/// over a narrow span ([`dense_set`]), else sorted (runs of ascending numbers, as each day's
+/// visitors come, are merged run by run by the stable sort) and built in one pass.
+pub fn set_of(mut numbers: Vec<u32>) -> RoaringBitmap {
+    if let Some(set) = dense_set(&numbers) {
+        return set;
+    }
+    numbers.sort();
+    numbers.dedup();
+    RoaringBitmap::from_sorted_iter(numbers).unwrap_or_default()
 }
 
 /// Fewest numbers [`dense_set`] takes (below it, sorting them is cheap anyway).

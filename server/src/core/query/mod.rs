@@ -31,6 +31,7 @@ mod local;
 
 pub use eval::{
     Answer, Day, DayInput, Dictionary, Evaluator, Extra, Row, Sums, Value, order_of, run, run_with,
+    set_of,
 };
 
 /// A metric that can be asked for.

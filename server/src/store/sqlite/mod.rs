@@ -950,18 +950,11 @@ impl Maintenance for SqliteStore {
     }
 
     async fn close_log(&self) -> Result<(), StoreError> {
-        self.write(|w| {
-            w.conn
-                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                    r.get::<_, i64>(0)
-                })
-                .map_err(StoreError::from)
-                .and_then(|busy| match busy {
-                    0 => Ok(()),
-                    _ => Err(StoreError::Conflict(
-                        "a reader held the WAL: it was not truncated".into(),
-                    )),
-                })
+        self.write(|w| match wal_checkpoint_truncate(&w.conn)? {
+            true => Ok(()),
+            false => Err(StoreError::Conflict(
+                "a reader held the WAL: it was not truncated".into(),
+            )),
         })
         .await
     }
@@ -971,9 +964,16 @@ impl Maintenance for SqliteStore {
 /// gone from the WAL too. Best effort: a reader holding an old snapshot makes it partial, and
 /// the next prune (hourly) tries again.
 pub(super) fn checkpoint_truncate(conn: &Connection) {
-    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+    if let Err(e) = wal_checkpoint_truncate(conn) {
         tracing::warn!(error = %e, "WAL checkpoint after deleting salts failed; retried hourly");
     }
+}
+
+/// `PRAGMA wal_checkpoint(TRUNCATE)`: whether it completed (false: a reader held back part of
+/// the WAL, which then stays).
+fn wal_checkpoint_truncate(conn: &Connection) -> Result<bool, StoreError> {
+    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+    Ok(busy == 0)
 }
 
 impl SqliteStore {
