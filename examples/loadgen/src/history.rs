@@ -16,8 +16,11 @@
 //!   read for each range: cold (each sample the first request of a fresh process; the
 //!   operating system's file cache stays warm, as it does after a restart) and warm (the same
 //!   request repeated in one process), then warm again while the realistic live mix drives the
-//!   same server (`--readers` concurrent readers). It prints p50 / p95 per query, the live load's rate and p99 alone and beside
-//!   the reads, the server's peak RSS and the database's size.
+//!   same server (`--readers` concurrent readers, each from its own loopback address, against
+//!   the server's default `--stats-concurrency` unless one is given; a `503 busy` answer is
+//!   counted, and its reader waits the second its Retry-After asks). It prints p50 / p95 per
+//!   query and its busy answers, the live load's rate and p99 alone and beside the reads, the
+//!   server's peak RSS and the database's size.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -588,9 +591,13 @@ pub struct ReadArgs {
     /// Live connections beside the reads in the loaded phase (0: no loaded phase).
     #[arg(long, default_value_t = 8)]
     pub live: usize,
-    /// Concurrent readers (one connection each) beside the live load.
+    /// Concurrent readers beside the live load, each on its own connection from its own
+    /// loopback address (127.1.0.1, 127.1.0.2, …: one client network each, as people are).
     #[arg(long, default_value_t = 1)]
     pub readers: usize,
+    /// The server's `--stats-concurrency` (default: the server's own default, as deployed).
+    #[arg(long)]
+    pub stats_concurrency: Option<usize>,
     /// Seconds of live load, alone and again beside the reads.
     #[arg(long, default_value_t = 10)]
     pub live_secs: u64,
@@ -762,12 +769,30 @@ pub fn percentile(samples: &mut [Duration], p: f64) -> f64 {
 
 const TOKEN: &str = "loadgen-read-benchmark-token";
 
+/// One read's outcome: answered after a time, or `503 busy` (the server's stats slots full).
+enum Outcome {
+    Answered(Duration),
+    Busy,
+}
+
 async fn timed(
     conn: &mut client::Conn,
     host: &str,
     q: &Query,
     timeout: Duration,
 ) -> anyhow::Result<Duration> {
+    match read_once(conn, host, q, timeout).await? {
+        Outcome::Answered(took) => Ok(took),
+        Outcome::Busy => bail!("{} {}: HTTP 503 busy", q.name, q.range),
+    }
+}
+
+async fn read_once(
+    conn: &mut client::Conn,
+    host: &str,
+    q: &Query,
+    timeout: Duration,
+) -> anyhow::Result<Outcome> {
     let auth = format!("Bearer {TOKEN}");
     let req = match &q.body {
         None => client::get(&q.path, &[("host", host), ("authorization", &auth)]),
@@ -787,6 +812,9 @@ async fn timed(
         .await
         .map_err(|f| anyhow::anyhow!("{} {}: {f:?}", q.name, q.range))?;
     let took = started.elapsed();
+    if answer.status == 503 {
+        return Ok(Outcome::Busy);
+    }
     if answer.status != 200 {
         bail!(
             "{} {}: HTTP {} {}",
@@ -796,19 +824,27 @@ async fn timed(
             String::from_utf8_lossy(&answer.body[..answer.body.len().min(300)])
         );
     }
-    Ok(took)
+    Ok(Outcome::Answered(took))
+}
+
+/// The loopback address of reader `i` (its own /32 client network).
+fn reader_address(i: usize) -> std::net::IpAddr {
+    let [_, _, hi, lo] = u32::try_from(i + 1).unwrap_or(u32::MAX).to_be_bytes();
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 1, hi, lo))
 }
 
 async fn start(args: &ReadArgs, log: &Path) -> anyhow::Result<Server> {
     let db = url_with_schema(&args.target.db, args.target.schema.as_deref());
-    // Every reader and live connection comes from 127.0.0.1, and one network may hold half
-    // the stats slots.
-    let slots = (args.readers * 2).max(64);
-    let conns = (args.readers + args.live + 16).max(64);
-    let extra = format!(
+    // The live connections all come from 127.0.0.1; each reader from its own address. The
+    // cold and warm reads (127.0.0.1, one at a time) never wait for a stats slot.
+    let conns = (args.live + 16).max(64);
+    let mut extra = format!(
         "--admin-token {TOKEN} --rate-limit-per-minute 0 --address-limit-per-minute 0 \
-         --stats-concurrency {slots} --max-connections-per-address {conns}"
+         --max-connections-per-address {conns}"
     );
+    if let Some(slots) = args.stats_concurrency {
+        extra.push_str(&format!(" --stats-concurrency {slots}"));
+    }
     server::spawn_tally(&args.tally, Path::new(&db), &extra, log).await
 }
 
@@ -848,6 +884,8 @@ struct Samples {
     cold: Vec<Duration>,
     warm: Vec<Duration>,
     loaded: Vec<Duration>,
+    /// Loaded reads answered `503 busy`.
+    busy: usize,
 }
 
 pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
@@ -916,18 +954,23 @@ pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
         let until = Instant::now() + live_for;
         let queries = Arc::new(queries.clone());
         let mut readers = Vec::new();
-        for _ in 0..args.readers.max(1) {
+        for reader in 0..args.readers.max(1) {
             let queries = Arc::clone(&queries);
             let (addr, host) = (server.addr, host.clone());
             readers.push(tokio::spawn(async move {
-                let mut conn = client::connect(addr, None)
+                let mut conn = client::connect(addr, Some(reader_address(reader)))
                     .await
                     .map_err(|e| anyhow::anyhow!("connect: {e:?}"))?;
-                let mut got: Vec<(usize, Duration)> = Vec::new();
+                let mut got: Vec<(usize, Outcome)> = Vec::new();
                 let mut round = 0;
                 while round == 0 || Instant::now() < until {
                     for (i, q) in queries.iter().enumerate() {
-                        got.push((i, timed(&mut conn, &host, q, timeout).await?));
+                        let outcome = read_once(&mut conn, &host, q, timeout).await?;
+                        if matches!(outcome, Outcome::Busy) {
+                            // As the answer's Retry-After asks (a person reloads later).
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        got.push((i, outcome));
                     }
                     round += 1;
                 }
@@ -935,8 +978,12 @@ pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
             }));
         }
         for r in readers {
-            for (i, took) in r.await?? {
-                samples.entry(i).or_default().loaded.push(took);
+            for (i, outcome) in r.await?? {
+                let s = samples.entry(i).or_default();
+                match outcome {
+                    Outcome::Answered(took) => s.loaded.push(took),
+                    Outcome::Busy => s.busy += 1,
+                }
             }
         }
         live_rows.push(("beside reads", beside.await??));
@@ -947,7 +994,7 @@ pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
     let bytes = database_bytes(&args).await?;
 
     println!(
-        "{:<15} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11}",
+        "{:<15} {:>6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>6} {:>6}",
         "query",
         "range",
         "cold p50",
@@ -955,12 +1002,14 @@ pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
         "warm p50",
         "warm p95",
         "loaded p50",
-        "loaded p95"
+        "loaded p95",
+        "loaded",
+        "busy"
     );
     for (i, q) in queries.iter().enumerate() {
         let s = samples.entry(i).or_default();
         println!(
-            "{:<15} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>9.1}ms {:>9.1}ms",
+            "{:<15} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>9.1}ms {:>9.1}ms {:>6} {:>6}",
             q.name,
             q.range,
             percentile(&mut s.cold, 50.0),
@@ -969,6 +1018,8 @@ pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
             percentile(&mut s.warm, 95.0),
             percentile(&mut s.loaded, 50.0),
             percentile(&mut s.loaded, 95.0),
+            s.loaded.len(),
+            s.busy,
         );
     }
     if !live_rows.is_empty() {

@@ -347,10 +347,21 @@ impl Counting {
     }
 }
 
-/// The nice value of counting threads: under contention the collector's threads (nice 0)
-/// get ~90 % of a core against one of them, so a burst of year reads slows the reads, not
-/// live hits.
-const COUNTING_NICE: i32 = 10;
+/// The scheduling policy of counting threads (and of the SQLite stats lane): `SCHED_IDLE`,
+/// so they run on CPU time the collector's threads leave, and a waking collector thread
+/// (an HTTP worker, the writer, the WAL syncer) takes the CPU from them at once. Nice 10
+/// alone left each wake-up waiting behind them: 64 dashboard readers cut live hits to 0.40
+/// of their rate alone, against 0.61–0.67 with this policy (docs/benchmarks.md).
+#[cfg(target_os = "linux")]
+pub(crate) const IDLE_POLICY: thread_priority::unix::ThreadSchedulePolicy =
+    thread_priority::unix::ThreadSchedulePolicy::Normal(
+        thread_priority::unix::NormalThreadSchedulePolicy::Idle,
+    );
+
+/// The nice value of counting threads besides their policy (what they keep where the policy
+/// cannot be set): under contention the collector's threads (nice 0) get ~90 % of a core
+/// against one of them.
+pub(crate) const COUNTING_NICE: i32 = 10;
 
 /// Run `f` off the async runtime on a thread of its own at a lower CPU priority
 /// ([`COUNTING_NICE`]; the thread ends with `f`, so nothing else inherits it).
@@ -369,9 +380,20 @@ async fn yielding<T: Send + 'static>(
         .map_err(|_| StoreError::Invalid("evaluating a question failed".into()))
 }
 
-/// Lower the calling thread's CPU priority to [`COUNTING_NICE`] (Linux sets nice per
-/// thread); where it cannot, the thread runs at the normal priority.
-fn yield_cpu() {
+/// Lower the calling thread's CPU priority: [`IDLE_POLICY`] and [`COUNTING_NICE`] (Linux sets
+/// both per thread); where it cannot, the thread runs at the normal priority.
+pub(crate) fn yield_cpu() {
+    #[cfg(target_os = "linux")]
+    {
+        use thread_priority::unix::{set_thread_priority_and_policy, thread_native_id};
+        if let Err(e) = set_thread_priority_and_policy(
+            thread_native_id(),
+            thread_priority::ThreadPriority::Min,
+            IDLE_POLICY,
+        ) {
+            tracing::debug!(error = ?e, "could not put a counting thread in SCHED_IDLE");
+        }
+    }
     #[cfg(target_os = "linux")]
     if let Err(e) =
         rustix::process::setpriority_process(Some(rustix::thread::gettid()), COUNTING_NICE)
@@ -658,14 +680,20 @@ impl Analytics {
         for (e, extra) in evaluators.iter_mut().zip(extras) {
             e.add_extra(extra)?;
         }
-        Ok(Ok(evaluators
-            .into_iter()
-            .zip(bases)
-            .map(|(e, base)| match base {
-                Some(base) => e.finish_over(&base),
-                None => e.finish(),
-            })
-            .collect()))
+        // Finishing unites the open days' visitor sets with the kept state's and ranks the
+        // rows: counting work too, so it yields to live hits like the rest.
+        let answers = yielding(move || {
+            evaluators
+                .into_iter()
+                .zip(bases)
+                .map(|(e, base)| match base {
+                    Some(base) => e.finish_over(&base),
+                    None => e.finish(),
+                })
+                .collect()
+        })
+        .await?;
+        Ok(Ok(answers))
     }
 
     /// The turns of `keys` (each once, in key order, so two reads never wait on each
@@ -912,6 +940,14 @@ mod tests {
         let caller = nice().expect("own priority");
         let counting = yielding(nice).await.expect("ran").expect("its priority");
         assert_eq!(counting, COUNTING_NICE.max(caller));
+        let policy = yielding(thread_priority::unix::thread_schedule_policy)
+            .await
+            .expect("ran")
+            .expect("its policy");
+        assert_eq!(
+            policy, IDLE_POLICY,
+            "counting runs only on otherwise idle CPU"
+        );
         assert_eq!(
             nice().expect("own priority"),
             caller,

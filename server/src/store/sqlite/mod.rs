@@ -49,6 +49,7 @@ mod import;
 mod imported;
 mod intern;
 mod journal;
+mod lane;
 mod prune;
 mod read;
 mod report;
@@ -253,6 +254,8 @@ pub struct SqliteStore {
     pages: Arc<crate::store::daypages::DayPages>,
     /// Stored visitor numbers looked up or assigned (`segments`).
     numbers: Arc<Mutex<segments::Numbers>>,
+    /// Dashboard and analytics reads, at a lower CPU priority (`lane`).
+    lane: Arc<lane::Lane>,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -325,7 +328,7 @@ impl SqliteStore {
             }
         };
         conn.set_prepared_statement_cache_capacity(64);
-        let guard = FileGuard::new(path, options.min_free_bytes)?;
+        let guard = Arc::new(FileGuard::new(path, options.min_free_bytes)?);
         let readers = (0..READERS)
             .map(|_| open_reader(path))
             .collect::<Result<Vec<_>, _>>()?;
@@ -338,7 +341,8 @@ impl SqliteStore {
             })),
             readers: Arc::new(Mutex::new(readers)),
             path: path.to_owned(),
-            guard: Arc::new(guard),
+            lane: Arc::new(lane::Lane::new(path.to_owned(), Arc::clone(&guard))),
+            guard,
             max_new_pages_per_day: options.max_new_pages_per_day,
             wal,
             sets: Arc::default(),
@@ -417,6 +421,14 @@ impl SqliteStore {
                 None,
             )
         })
+    }
+
+    /// A dashboard or analytics read: on the stats lane, yielding to live hits (`lane`).
+    async fn read_stats<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.lane.read(f).await
     }
 
     async fn read<T: Send + 'static>(
@@ -561,7 +573,7 @@ impl super::SegmentSource for SqliteStore {
     ) -> Result<super::SegmentIndex, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
         let numbers = Arc::clone(&self.numbers);
-        self.read(move |conn| {
+        self.read_stats(move |conn| {
             snapshot(conn, |tx| {
                 segments::read_index(tx, &numbers, &site, from, to)
             })
@@ -575,7 +587,7 @@ impl super::SegmentSource for SqliteStore {
         wanted: Vec<super::PartsWanted>,
     ) -> Result<Vec<super::SegmentParts>, StoreError> {
         let site = site.as_str().to_owned();
-        self.read(move |conn| segments::read_parts(conn, &site, &wanted))
+        self.read_stats(move |conn| segments::read_parts(conn, &site, &wanted))
             .await
     }
 
@@ -586,7 +598,7 @@ impl super::SegmentSource for SqliteStore {
         dims: Vec<u32>,
     ) -> Result<super::DictionaryRows, StoreError> {
         let site = site.as_str().to_owned();
-        self.read(move |conn| segments::read_dictionary(conn, &site, &pages, &dims))
+        self.read_stats(move |conn| segments::read_dictionary(conn, &site, &pages, &dims))
             .await
     }
 
@@ -612,7 +624,7 @@ impl super::SegmentSource for SqliteStore {
         by_day: bool,
     ) -> Result<Vec<crate::store::imported::ImportedRow>, StoreError> {
         let (site, days) = (site.as_str().to_owned(), (day_num(from), day_num(to)));
-        self.read(move |conn| imported::read(conn, &site, table, days, by_day))
+        self.read_stats(move |conn| imported::read(conn, &site, table, days, by_day))
             .await
     }
 
@@ -670,7 +682,7 @@ impl StatsReader for SqliteStore {
 
     async fn series(&self, site: &SiteId, from: Date, to: Date) -> Result<Vec<DayRow>, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_series(conn, &site, from, to))
+        self.read_stats(move |conn| read_series(conn, &site, from, to))
             .await
     }
 
@@ -682,8 +694,10 @@ impl StatsReader for SqliteStore {
     ) -> Result<BySource, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
         let sets = Arc::clone(&self.sets);
-        self.read(move |conn| snapshot(conn, |c| read_range_totals(c, &sets, &site, from, to)))
-            .await
+        self.read_stats(move |conn| {
+            snapshot(conn, |c| read_range_totals(c, &sets, &site, from, to))
+        })
+        .await
     }
 
     async fn top_pages(
@@ -695,7 +709,7 @@ impl StatsReader for SqliteStore {
     ) -> Result<Vec<PageRow>, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
         let (sets, pages) = (Arc::clone(&self.sets), Arc::clone(&self.pages));
-        self.read(move |conn| {
+        self.read_stats(move |conn| {
             snapshot(conn, |c| {
                 read_top_pages(c, (&sets, &pages), &site, from, to, limit)
             })
@@ -711,7 +725,7 @@ impl StatsReader for SqliteStore {
         limit: u32,
     ) -> Result<Vec<ReferrerRow>, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_top_referrers(conn, &site, from, to, limit))
+        self.read_stats(move |conn| read_top_referrers(conn, &site, from, to, limit))
             .await
     }
 
@@ -723,7 +737,7 @@ impl StatsReader for SqliteStore {
         limit: u32,
     ) -> Result<Vec<EventRow>, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_top_events(conn, &site, from, to, limit))
+        self.read_stats(move |conn| read_top_events(conn, &site, from, to, limit))
             .await
     }
 
@@ -735,7 +749,7 @@ impl StatsReader for SqliteStore {
     ) -> Result<crate::store::Visits, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
         let ids = event_id_range(from, to);
-        self.read(move |conn| report::read_visits(conn, &site, (from, to), ids))
+        self.read_stats(move |conn| report::read_visits(conn, &site, (from, to), ids))
             .await
     }
 
@@ -746,7 +760,7 @@ impl StatsReader for SqliteStore {
         to: Date,
     ) -> Result<FilteredCounts, StoreError> {
         let (site, from, to) = (site.as_str().to_owned(), day_num(from), day_num(to));
-        self.read(move |conn| read_filtered(conn, &site, from, to))
+        self.read_stats(move |conn| read_filtered(conn, &site, from, to))
             .await
     }
 }
