@@ -347,20 +347,13 @@ impl Counting {
     }
 }
 
-/// The scheduling policy of counting threads (and of the SQLite stats lane): `SCHED_IDLE`,
-/// so they run on CPU time the collector's threads leave, and a waking collector thread
-/// (an HTTP worker, the writer, the WAL syncer) takes the CPU from them at once. Nice 10
-/// alone left each wake-up waiting behind them: 64 dashboard readers cut live hits to 0.40
-/// of their rate alone, against 0.61–0.67 with this policy (docs/benchmarks.md).
-#[cfg(target_os = "linux")]
-pub(crate) const IDLE_POLICY: thread_priority::unix::ThreadSchedulePolicy =
-    thread_priority::unix::ThreadSchedulePolicy::Normal(
-        thread_priority::unix::NormalThreadSchedulePolicy::Idle,
-    );
-
-/// The nice value of counting threads besides their policy (what they keep where the policy
-/// cannot be set): under contention the collector's threads (nice 0) get ~90 % of a core
-/// against one of them.
+/// The nice value of counting threads (and of the SQLite stats lane): under contention the
+/// collector's threads (nice 0) get ~90 % of a core against one of them, so a crowd of year
+/// reads slows the reads more than live hits, and still progresses when the CPU is full.
+/// `SCHED_IDLE` yielded more (64 dashboard readers left live hits 0.61–0.67 of their rate
+/// alone, against 0.39–0.41 at nice 10) but starved every read while anything else kept the
+/// CPU busy: a client looping on cheap requests kept another client's dashboard read waiting
+/// over a minute.
 pub(crate) const COUNTING_NICE: i32 = 10;
 
 /// Run `f` off the async runtime on a thread of its own at a lower CPU priority
@@ -380,20 +373,9 @@ async fn yielding<T: Send + 'static>(
         .map_err(|_| StoreError::Invalid("evaluating a question failed".into()))
 }
 
-/// Lower the calling thread's CPU priority: [`IDLE_POLICY`] and [`COUNTING_NICE`] (Linux sets
-/// both per thread); where it cannot, the thread runs at the normal priority.
+/// Lower the calling thread's CPU priority to [`COUNTING_NICE`] (Linux sets nice per
+/// thread); where it cannot, the thread runs at the normal priority.
 pub(crate) fn yield_cpu() {
-    #[cfg(target_os = "linux")]
-    {
-        use thread_priority::unix::{set_thread_priority_and_policy, thread_native_id};
-        if let Err(e) = set_thread_priority_and_policy(
-            thread_native_id(),
-            thread_priority::ThreadPriority::Min,
-            IDLE_POLICY,
-        ) {
-            tracing::debug!(error = ?e, "could not put a counting thread in SCHED_IDLE");
-        }
-    }
     #[cfg(target_os = "linux")]
     if let Err(e) =
         rustix::process::setpriority_process(Some(rustix::thread::gettid()), COUNTING_NICE)
@@ -940,14 +922,6 @@ mod tests {
         let caller = nice().expect("own priority");
         let counting = yielding(nice).await.expect("ran").expect("its priority");
         assert_eq!(counting, COUNTING_NICE.max(caller));
-        let policy = yielding(thread_priority::unix::thread_schedule_policy)
-            .await
-            .expect("ran")
-            .expect("its policy");
-        assert_eq!(
-            policy, IDLE_POLICY,
-            "counting runs only on otherwise idle CPU"
-        );
         assert_eq!(
             nice().expect("own priority"),
             caller,
