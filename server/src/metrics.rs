@@ -58,6 +58,8 @@ pub struct Metrics {
     pub redis_fallback_active: Gauge<i64, AtomicI64>,
     /// With `--redis`: operations answered by the in-process fallback.
     pub redis_fallbacks: Counter,
+    /// Stats requests answered by an identical request's read (`http::coalesce`).
+    pub stats_coalesced: Counter,
     /// HTTP connections being served now (refused ones not included).
     pub connections_open: Gauge,
     /// Connections answered 503 `too_many_connections` at the connection cap.
@@ -205,6 +207,12 @@ impl Metrics {
             "With --redis: operations answered by the in-process fallback because Redis failed",
             redis_fallbacks.clone(),
         );
+        let stats_coalesced = Counter::default();
+        registry.register(
+            "stats_coalesced",
+            "Stats requests (dashboard, v1 reads, query API) answered by an identical request's read they waited with",
+            stats_coalesced.clone(),
+        );
         let connections_open = Gauge::default();
         registry.register(
             "connections_open",
@@ -280,6 +288,7 @@ impl Metrics {
             storage_up,
             redis_fallback_active,
             redis_fallbacks,
+            stats_coalesced,
             hits,
             filtered,
             refused,

@@ -963,8 +963,12 @@ pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
                     .map_err(|e| anyhow::anyhow!("connect: {e:?}"))?;
                 let mut got: Vec<(usize, Outcome)> = Vec::new();
                 let mut round = 0;
+                // Each reader starts at its own place in the list (reader k at query k), so
+                // the crowd is spread over every query, not marching through them together.
+                let n = queries.len();
                 while round == 0 || Instant::now() < until {
-                    for (i, q) in queries.iter().enumerate() {
+                    for i in (0..n).map(|j| (j + reader) % n) {
+                        let q = &queries[i];
                         let outcome = read_once(&mut conn, &host, q, timeout).await?;
                         if matches!(outcome, Outcome::Busy) {
                             // As the answer's Retry-After asks (a person reloads later).

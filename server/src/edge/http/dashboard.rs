@@ -12,7 +12,8 @@
 //!
 //! Cost: every list is ranked and limited inside the database (at most 100 rows), and at most
 //! `--stats-concurrency` stats requests run at once; others wait up to 2 s, then get 503
-//! `busy` with `Retry-After`.
+//! `busy` with `Retry-After`. Identical requests waiting together share one read
+//! (`http::coalesce`).
 
 use askama::Template;
 use axum::Json;

@@ -24,6 +24,7 @@
 mod assets;
 pub mod auth;
 mod badge;
+mod coalesce;
 mod compress;
 mod counts;
 mod dashboard;
@@ -117,6 +118,8 @@ pub struct AppStateInner {
     pub stats_slots: Arc<tokio::sync::Semaphore>,
     /// Each client network's share of the stats slots (half of them, at least one).
     stats_shares: Arc<crate::core::net::Shares>,
+    /// Identical stats requests waiting together, answered by one read (`coalesce`).
+    coalescer: Arc<coalesce::Coalescer>,
     /// Batch bodies being read and parsed at once.
     pub batch_slots: Arc<tokio::sync::Semaphore>,
     /// The Redis of the shared state (`--redis`), for its health in `/metrics` and `/readyz`.
@@ -137,6 +140,9 @@ impl AppState {
             metrics: Arc::clone(&collect.metrics),
             stats_slots: Arc::new(tokio::sync::Semaphore::new(options.stats_concurrency)),
             stats_shares: crate::core::net::Shares::new(options.stats_concurrency.div_ceil(2)),
+            coalescer: Arc::new(coalesce::Coalescer::new(
+                collect.metrics.stats_coalesced.clone(),
+            )),
             batch_slots: Arc::new(tokio::sync::Semaphore::new(options.batch_concurrency)),
             analytics: Arc::new(crate::store::analytics::Analytics::new(
                 store.clone(),
@@ -213,10 +219,14 @@ impl AppState {
         let share = self.stats_shares.take(net).ok_or(ApiError::Busy)?;
         match tokio::time::timeout(STATS_WAIT, Arc::clone(&self.stats_slots).acquire_owned()).await
         {
-            Ok(Ok(permit)) => Ok(StatsSlot {
-                _permit: permit,
-                _share: share,
-            }),
+            Ok(Ok(permit)) => {
+                // The read begins: identical requests arriving from now on read anew.
+                coalesce::started();
+                Ok(StatsSlot {
+                    _permit: permit,
+                    _share: share,
+                })
+            }
             _ => Err(ApiError::Busy),
         }
     }
@@ -244,6 +254,11 @@ pub struct StatsSlot {
 pub fn app(state: AppState) -> Router {
     let (routes, doc) = routes();
     routes
+        // Innermost of the shared layers: compression and headers stay per request.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state.coalescer),
+            coalesce::layer,
+        ))
         .layer(Extension(openapi::Document::new(&doc)))
         // `X-Content-Type-Options: nosniff` on every answer: browsers use the declared type only.
         .layer(SetResponseHeaderLayer::overriding(
