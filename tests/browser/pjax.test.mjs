@@ -127,6 +127,13 @@ for (const [theme, keep] of [['NexT (attributes dropped)', false], ['Butterfly (
     const answered = page.waitForResponse((r) => r.url().includes('/api/v1/hit'));
     await page.evaluate((u) => history.pushState({}, '', u), `/${siteId}/c`);
     await answered;
+    // The response arriving is not the page having read it: wait until its numbers are in
+    // the old containers, so the answer cannot land in the swapped-in ones.
+    await waitFor(async (seen) => {
+      const s = await shown(page);
+      seen(s);
+      return s.pagePv === '1' && s.sitePv === '3';
+    }, { what: 'the answer for /c in the old counters' });
     await swapIn(page, `${site.origin}/${siteId}/c`);
     assert.equal((await shown(page)).pageShown, 'none', 'the swapped-in container starts hidden');
     await rerunScripts(page, keep);

@@ -5,8 +5,9 @@
 //! - **Identical** means the same method, path and query, body, and the request headers an
 //!   answer can depend on ([`KEY_HEADERS`]: host, origin, credentials, accepted type);
 //!   compared whole, never by a hash, so one user's answer never reaches a request that
-//!   differs in any of them. Compression and the peer's address are applied per request
-//!   outside this layer.
+//!   differs in any of them. Compression is applied per request outside this layer. The
+//!   peer's address decides only admission (its network's share of the stats slots, the
+//!   throttle on guessed credentials), which a follower does not need: it takes no slot.
 //! - **Never stale.** A request joins only a group whose read has not begun: its leader is
 //!   still waiting for a stats slot. The leader closes the group when it takes its slot
 //!   ([`started`], called by `AppState::stats_slot`), so every member's answer is read after
