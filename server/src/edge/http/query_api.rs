@@ -34,7 +34,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// Largest request body, bytes.
-const MAX_BODY: usize = 64 * 1024;
+pub(super) const MAX_BODY: usize = 64 * 1024;
 /// Most rows of one answer (Plausible's default and limit).
 const MAX_LIMIT: usize = 10_000;
 /// Most filters (after flattening `and`).
