@@ -26,11 +26,14 @@
 //! - **Counted once.** Reads missing the same state take turns: one counts it, the others
 //!   wait and take what it kept (turns are taken in key order, so reads never wait on each
 //!   other in a cycle).
-//! - **Two threads.** The days of a chunk are split in two halves of about equal weight,
-//!   counted on two threads into two states per question, folded together at the end
-//!   (visits never span two days, so sums add and visitor sets unite exactly). Counting
-//!   threads are the analytics' own, at a lower CPU priority than the collector's: reads
-//!   yield to live hits.
+//! - **Two threads.** Each question has a state on each of two counting threads, folded
+//!   together at the end (visits never span two days, so sums add and visitor sets unite
+//!   exactly, whichever state counted a day). The questions of a read are shared out between
+//!   the threads by what each took so far (weighed on the first day of a read), so each
+//!   counts every day in one state; when they do not balance (one question, or one that
+//!   outweighs the rest), the days of each chunk are split in two halves of about equal
+//!   weight instead. Counting threads are the analytics' own, at a lower CPU priority than
+//!   the collector's: reads yield to live hits.
 //! - Dictionary rows (page paths, dimension tuples) never change once stored, so they are
 //!   kept until their budget is full.
 //! - Imported breakdowns are read per question, only when asked ([`Analytics::answer_with`])
@@ -38,6 +41,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use jiff::civil::Date;
 
@@ -267,14 +271,33 @@ struct DayParts {
     events: Option<Arc<Events>>,
 }
 
-/// The questions of one read while its days are counted: each question twice, one per
-/// thread, each half of every chunk's days going to one of them (visits never span two
-/// days, so the halves are folded together exactly at the end).
+/// The questions of one read while its days are counted, on two threads: each question
+/// twice, one state per thread, folded together exactly at the end (visits never span two
+/// days, so sums add and visitor sets unite exactly, whichever state counted a day).
+///
+/// Each batch of days is shared out by question when the questions balance (a dashboard:
+/// its page breakdown costs about what the other fourteen questions cost together), so each
+/// question counts every day in one state: its visitor sets are built once, not once per
+/// half, and the fold at the end has little to unite. Otherwise (one question, or one that
+/// outweighs the rest) the days are split in two halves of about equal weight. Costs are
+/// what each question took on the batches before; the first batch is weighed by estimate.
 struct Counting {
     first: Vec<Evaluator>,
     /// The second thread's (empty when one thread counts every day).
     second: Vec<Evaluator>,
+    /// Time each question has taken so far (its weight when the questions are shared out).
+    spent: Vec<Duration>,
+    /// How the questions are shared out now (`true`: on the second thread), kept while it
+    /// stays balanced (a question that moves leaves a state on each thread to fold).
+    shared: Option<Vec<bool>>,
 }
+
+/// The heavier of two shares of questions may take at most this part of their time for
+/// the questions to be shared out rather than the days.
+const SHARE_MAX: f64 = 0.6;
+
+/// A share of the questions is kept while its heavier side takes at most this part.
+const KEEP_MAX: f64 = 0.55;
 
 impl Counting {
     /// Count into `evaluators` (fresh ones or states over other days).
@@ -286,6 +309,8 @@ impl Counting {
             Vec::new()
         };
         Self {
+            spent: vec![Duration::ZERO; evaluators.len()],
+            shared: None,
             first: evaluators,
             second,
         }
@@ -298,8 +323,48 @@ impl Counting {
     }
 
     fn count_now(mut self, days: &[DayParts], dict: &SiteDict) -> Self {
-        if self.second.is_empty() || days.len() < 2 {
-            count(&mut self.first, days, dict);
+        if self.second.is_empty() {
+            let mut all: Vec<&mut Evaluator> = self.first.iter_mut().collect();
+            add_spent(&mut self.spent, &count(&mut all, days, dict), 0..);
+            return self;
+        }
+        if days.len() > 1 && self.first.len() > 1 && self.spent.iter().all(Duration::is_zero) {
+            // Weigh the questions on the first day; the rest is shared out by what they took.
+            let (one, rest) = days.split_at(1);
+            return self.count_now(one, dict).count_now(rest, dict);
+        }
+        let weights = self.weights();
+        self.shared = match self.shared.take() {
+            Some(kept) if heavier(&kept, &weights) <= KEEP_MAX => Some(kept),
+            _ => share(&weights),
+        };
+        if let Some(on_second) = &self.shared {
+            let (mut mine, mut other) = (Vec::new(), Vec::new());
+            let (mut mine_at, mut other_at) = (Vec::new(), Vec::new());
+            for (i, (a, b)) in self.first.iter_mut().zip(&mut self.second).enumerate() {
+                if on_second[i] {
+                    other.push(b);
+                    other_at.push(i);
+                } else {
+                    mine.push(a);
+                    mine_at.push(i);
+                }
+            }
+            let (spent_mine, spent_other) = std::thread::scope(|s| {
+                let other = s.spawn(move || {
+                    yield_cpu();
+                    count(&mut other, days, dict)
+                });
+                let spent = count(&mut mine, days, dict);
+                (spent, joined(other))
+            });
+            add_spent(&mut self.spent, &spent_mine, mine_at);
+            add_spent(&mut self.spent, &spent_other, other_at);
+            return self;
+        }
+        if days.len() < 2 {
+            let mut all: Vec<&mut Evaluator> = self.first.iter_mut().collect();
+            add_spent(&mut self.spent, &count(&mut all, days, dict), 0..);
             return self;
         }
         // Two halves of about equal weight (visits and events).
@@ -311,15 +376,30 @@ impl Counting {
             at += 1;
         }
         let (first, second) = days.split_at(at.max(1));
-        std::thread::scope(|s| {
-            let other = &mut self.second;
-            s.spawn(move || {
+        let mut mine: Vec<&mut Evaluator> = self.first.iter_mut().collect();
+        let mut other: Vec<&mut Evaluator> = self.second.iter_mut().collect();
+        let (a, b) = std::thread::scope(|s| {
+            let b = s.spawn(move || {
                 yield_cpu();
-                count(other, second, dict);
+                count(&mut other, second, dict)
             });
-            count(&mut self.first, first, dict);
+            (count(&mut mine, first, dict), joined(b))
         });
+        add_spent(&mut self.spent, &a, 0..);
+        add_spent(&mut self.spent, &b, 0..);
         self
+    }
+
+    /// Each question's weight: its time so far, or before any, an estimate (a question that
+    /// walks events costs about ten that read visits only).
+    fn weights(&self) -> Vec<f64> {
+        if self.spent.iter().any(|d| !d.is_zero()) {
+            return self.spent.iter().map(Duration::as_secs_f64).collect();
+        }
+        self.first
+            .iter()
+            .map(|e| if e.needs_events() { 10.0 } else { 1.0 })
+            .collect()
     }
 
     /// Both halves folded into one answer per question, each half's visitors merged on its
@@ -329,6 +409,7 @@ impl Counting {
             let Self {
                 mut first,
                 mut second,
+                ..
             } = self;
             std::thread::scope(|s| {
                 let other = &mut second;
@@ -384,9 +465,11 @@ pub(crate) fn yield_cpu() {
     }
 }
 
-/// Count `days` in every question on this thread, each day's columns decoded once.
-fn count(evaluators: &mut [Evaluator], days: &[DayParts], dict: &SiteDict) {
-    let need_events = evaluators.iter().any(Evaluator::needs_events);
+/// Count `days` in every question on this thread, each day's columns decoded once; returns
+/// the time each question took.
+fn count(evaluators: &mut [&mut Evaluator], days: &[DayParts], dict: &SiteDict) -> Vec<Duration> {
+    let need_events = evaluators.iter().any(|e| e.needs_events());
+    let mut spent = vec![Duration::ZERO; evaluators.len()];
     let mut cols = Decoded::default();
     for d in days {
         let events = d.events.as_deref().filter(|_| need_events);
@@ -397,9 +480,70 @@ fn count(evaluators: &mut [Evaluator], days: &[DayParts], dict: &SiteDict) {
             events,
             cols: &cols,
         };
-        for e in evaluators.iter_mut() {
+        for (e, spent) in evaluators.iter_mut().zip(&mut spent) {
+            let started = Instant::now();
             e.add(&input, dict);
+            *spent += started.elapsed();
         }
+    }
+    spent
+}
+
+/// What a counting thread returned; its panic goes on in the caller (a question half
+/// counted must not be answered).
+fn joined<T>(thread: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    match thread.join() {
+        Ok(v) => v,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// Add the times of the questions at `at` (in order) to `spent`.
+fn add_spent(spent: &mut [Duration], times: &[Duration], at: impl IntoIterator<Item = usize>) {
+    for (i, t) in at.into_iter().zip(times) {
+        if let Some(s) = spent.get_mut(i) {
+            *s += *t;
+        }
+    }
+}
+
+/// Which questions go to the second thread when shared out by `weights` (heaviest first,
+/// each to the lighter share); `None` when fewer than two or when the heavier share would
+/// take more than [`SHARE_MAX`] of the time (then the days are split instead).
+fn share(weights: &[f64]) -> Option<Vec<bool>> {
+    if weights.len() < 2 {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by(|a, b| weights[*b].total_cmp(&weights[*a]));
+    let mut on_second = vec![false; weights.len()];
+    let (mut first, mut second) = (0.0, 0.0);
+    for i in order {
+        if second < first {
+            second += weights[i];
+            on_second[i] = true;
+        } else {
+            first += weights[i];
+        }
+    }
+    (heavier(&on_second, weights) <= SHARE_MAX).then_some(on_second)
+}
+
+/// The part of all `weights` the heavier side of `on_second` takes (1 when all weigh 0).
+fn heavier(on_second: &[bool], weights: &[f64]) -> f64 {
+    let (mut first, mut second) = (0.0, 0.0);
+    for (w, s) in weights.iter().zip(on_second) {
+        if *s {
+            second += w;
+        } else {
+            first += w;
+        }
+    }
+    let total = first + second;
+    if total > 0.0 {
+        first.max(second) / total
+    } else {
+        1.0
     }
 }
 
@@ -900,7 +1044,7 @@ mod tests {
     use jiff::civil::date;
 
     use super::*;
-    use crate::core::query::Metric;
+    use crate::core::query::{Metric, Value};
 
     fn state() -> Evaluator {
         let q = Query {
@@ -927,6 +1071,208 @@ mod tests {
             caller,
             "the caller is left alone"
         );
+    }
+
+    #[test]
+    fn questions_are_shared_out_only_when_they_balance() {
+        // A dashboard: one heavy page breakdown and fourteen light questions.
+        let mut dashboard = vec![14.0];
+        dashboard.extend([1.0; 14]);
+        let on_second = share(&dashboard).expect("they balance");
+        let second: f64 = (0..15)
+            .filter(|&i| on_second[i])
+            .map(|i| dashboard[i])
+            .sum();
+        assert!(on_second.iter().any(|b| *b) && on_second.iter().any(|b| !*b));
+        assert!(
+            (13.0..=15.0).contains(&second),
+            "{second} of 28 on the second"
+        );
+        assert!(share(&[1.0]).is_none(), "one question: the days are split");
+        assert!(share(&[9.0, 1.0, 1.0]).is_none(), "one outweighs the rest");
+        assert!(share(&[0.0, 0.0]).is_none(), "nothing measured to share");
+    }
+
+    /// Six days of a small site with every kind of event: visitors return across days,
+    /// pages, sources and agents vary, some views report engagement, some events are custom.
+    fn days(zone: &SiteZone) -> (Vec<DayParts>, SiteDict) {
+        let mut rng: u64 = 7;
+        let mut next = move |n: u64| {
+            rng = rng
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (rng >> 33) % n
+        };
+        let first = date(2026, 3, 2);
+        let mut out = Vec::new();
+        for d in 0..6 {
+            let day = first
+                .checked_add(jiff::Span::new().days(d))
+                .expect("a date");
+            let (start, _) = zone.span(day, day);
+            let start = start.as_millisecond();
+            let events: Vec<segment::DayEvent> = (0..400u32)
+                .map(|i| segment::DayEvent {
+                    visitor: next(150) as u32,
+                    at_ms: start + next(86_000_000) as i64,
+                    id: [(i % 251) as u8; 16],
+                    name: (next(10) == 0).then(|| format!("signup-{}", next(3))),
+                    page: 1 + next(12) as u32,
+                    src: next(4) as u32,
+                    agent: next(4) as u32,
+                    engaged_ms: (next(3) as u32) * 7_000,
+                    scroll: (next(2) == 0).then(|| next(101) as u8),
+                })
+                .collect();
+            let (seg, evs) = segment::build(start, events);
+            out.push(DayParts {
+                day,
+                seg: Arc::new(seg),
+                events: Some(Arc::new(evs)),
+            });
+        }
+        let mut dict = SiteDict::default();
+        for p in 1..=12 {
+            dict.pages.insert(p, format!("/p/{p}"));
+        }
+        for i in 1..=3u32 {
+            let source = SourceDims {
+                source: format!("source-{i}"),
+                ..SourceDims::default()
+            };
+            dict.srcs.insert(i, source);
+            let agent = AgentDims {
+                browser: format!("browser-{i}"),
+                ..AgentDims::default()
+            };
+            dict.agents.insert(i, agent);
+        }
+        (out, dict)
+    }
+
+    #[test]
+    fn sharing_out_questions_or_days_gives_the_answers_of_one_thread() {
+        use crate::core::query::{Dimension, Grain, VisitDim};
+        let zone = SiteZone::utc();
+        let (days, dict) = days(&zone);
+        let (from, to) = (days[0].day, days[days.len() - 1].day);
+        let q = |metrics: &[Metric], dimensions: Vec<Dimension>| Query {
+            metrics: metrics.to_vec(),
+            dimensions,
+            filters: Vec::new(),
+            order_by: Vec::new(),
+            limit: 100,
+            offset: 0,
+        };
+        let questions = [
+            q(
+                &[
+                    Metric::Visitors,
+                    Metric::Visits,
+                    Metric::Pageviews,
+                    Metric::BounceRate,
+                    Metric::VisitDuration,
+                ],
+                Vec::new(),
+            ),
+            q(&[Metric::Visitors], vec![Dimension::Time(Grain::Day)]),
+            q(
+                &[Metric::Visitors, Metric::Pageviews, Metric::TimeOnPage],
+                vec![Dimension::Page],
+            ),
+            q(
+                &[Metric::Visitors],
+                vec![Dimension::Visit(VisitDim::Source)],
+            ),
+            q(
+                &[Metric::Visitors],
+                vec![Dimension::Visit(VisitDim::Browser)],
+            ),
+            q(&[Metric::Visitors, Metric::Events], vec![Dimension::Name]),
+        ];
+        let fresh = || -> Vec<Evaluator> {
+            questions
+                .iter()
+                .map(|q| Evaluator::new(q, from, to, &zone).expect("valid"))
+                .collect()
+        };
+        // Counted in two batches (as chunks are), then folded and answered.
+        // Whether a state counted anything.
+        let counted = |e: &Evaluator| {
+            e.clone().finish().rows.iter().any(|r| {
+                r.metrics
+                    .iter()
+                    .any(|m| matches!(m, Value::Int(n) if *n > 0))
+            })
+        };
+        // The answers, and which thread's states counted something, per question.
+        let answers = |mut counting: Counting, spent: Option<Vec<Duration>>| {
+            if let Some(spent) = spent {
+                counting.spent = spent;
+            }
+            let (a, b) = days.split_at(2);
+            let counting = counting.count_now(a, &dict).count_now(b, &dict);
+            let Counting { first, second, .. } = counting;
+            let threads: Vec<(bool, bool)> = first
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (counted(e), second.get(i).is_some_and(counted)))
+                .collect();
+            let answers = first
+                .into_iter()
+                .zip(
+                    second
+                        .into_iter()
+                        .map(Some)
+                        .chain(std::iter::repeat_with(|| None)),
+                )
+                .map(|(mut e, other)| {
+                    if let Some(other) = other {
+                        e.settle();
+                        e.merge(other);
+                    }
+                    e.finish()
+                })
+                .collect::<Vec<_>>();
+            (answers, threads)
+        };
+        let (one_thread, _) = answers(
+            Counting {
+                spent: vec![Duration::ZERO; questions.len()],
+                shared: None,
+                second: Vec::new(),
+                first: fresh(),
+            },
+            None,
+        );
+        assert!(one_thread[2].rows.len() > 5, "pages were counted");
+        let two = || {
+            let first = fresh();
+            Counting {
+                spent: vec![Duration::ZERO; first.len()],
+                shared: None,
+                second: first.iter().map(Evaluator::fresh).collect(),
+                first,
+            }
+        };
+        let ms = Duration::from_millis;
+        // Balanced weights: each question counts every day on one thread.
+        let (by_question, threads) = answers(two(), Some(vec![ms(5); questions.len()]));
+        assert!(
+            threads.iter().all(|(a, b)| a != b),
+            "each question on one thread: {threads:?}"
+        );
+        assert!(threads.iter().any(|t| t.0) && threads.iter().any(|t| t.1));
+        // One question outweighs the rest: the days are split.
+        let mut heavy = vec![ms(1); questions.len()];
+        heavy[2] = ms(100);
+        let (by_day, threads) = answers(two(), Some(heavy));
+        assert!(threads.iter().all(|(a, b)| *a && *b), "{threads:?}");
+        // Weighed on the first day by what each question took, then shared out.
+        let (weighed, _) = answers(two(), None);
+        assert_eq!(by_question, one_thread);
+        assert_eq!(by_day, one_thread);
+        assert_eq!(weighed, one_thread);
     }
 
     #[test]
