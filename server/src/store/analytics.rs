@@ -32,7 +32,7 @@
 //!   the threads by what each took so far (weighed on the first day of a read), so each
 //!   counts every day in one state; when they do not balance (one question, or one that
 //!   outweighs the rest), the days of each chunk are split in two halves of about equal
-//!   weight instead. Counting threads are the analytics' own, at a lower CPU priority than
+//!   weight instead. A single day (an open day) is counted on one thread. Counting threads are the analytics' own, at a lower CPU priority than
 //!   the collector's: reads yield to live hits.
 //! - Dictionary rows (page paths, dimension tuples) never change once stored, so they are
 //!   kept until their budget is full.
@@ -323,7 +323,10 @@ impl Counting {
     }
 
     fn count_now(mut self, days: &[DayParts], dict: &SiteDict) -> Self {
-        if self.second.is_empty() {
+        // One day (an open day; the first day of a read, which weighs the questions) is
+        // counted on one thread: two would each hold the day's columns and resolved
+        // dictionary at once, which a day of 100,000 pages read by many at once cannot afford.
+        if self.second.is_empty() || days.len() < 2 {
             let mut all: Vec<&mut Evaluator> = self.first.iter_mut().collect();
             add_spent(&mut self.spent, &count(&mut all, days, dict), 0..);
             return self;
@@ -360,11 +363,6 @@ impl Counting {
             });
             add_spent(&mut self.spent, &spent_mine, mine_at);
             add_spent(&mut self.spent, &spent_other, other_at);
-            return self;
-        }
-        if days.len() < 2 {
-            let mut all: Vec<&mut Evaluator> = self.first.iter_mut().collect();
-            add_spent(&mut self.spent, &count(&mut all, days, dict), 0..);
             return self;
         }
         // Two halves of about equal weight (visits and events).

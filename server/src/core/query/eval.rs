@@ -223,11 +223,11 @@ pub(super) fn dense_set(values: &[u32]) -> Option<RoaringBitmap> {
 }
 
 /// Pending visitor numbers of one question beyond which all are merged at the end of a day
-/// (4 MiB; a dashboard's 15 questions have a state on each of two threads, so at most 120
-/// MiB wait, about half when the questions are shared out and each counts in one state. At
-/// half of it, a page breakdown of a year merged every row about every three weeks: ~3 %
-/// more CPU for a cold year dashboard).
-const MAX_PENDING: usize = 1 << 20;
+/// (2 MiB; a dashboard's 15 questions have a state on each of two threads, so at most 60
+/// MiB wait, about half when the questions are shared out and each counts in one state.
+/// Twice as many saved ~3 % of a cold year dashboard's CPU but took 64 concurrent reads
+/// over 100,000 pages past their 200 MB bound).
+const MAX_PENDING: usize = 1 << 19;
 
 /// Whether a row merges its pending visitors at the end of a day: once they are as many as
 /// it holds (a merge copies the row's containers, so each visitor is copied about twice in
