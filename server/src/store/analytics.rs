@@ -32,8 +32,9 @@
 //!   the threads by what each took so far (weighed on the first day of a read), so each
 //!   counts every day in one state; when they do not balance (one question, or one that
 //!   outweighs the rest), the days of each chunk are split in two halves of about equal
-//!   weight instead. A single day (an open day) is counted on one thread. Counting threads are the analytics' own, at a lower CPU priority than
-//!   the collector's: reads yield to live hits.
+//!   weight instead. A single day (an open day) is counted on one thread. Counting threads
+//!   are the analytics' own, at a lower CPU priority than the collector's: reads yield to
+//!   live hits.
 //! - Dictionary rows (page paths, dimension tuples) never change once stored, so they are
 //!   kept until their budget is full.
 //! - Imported breakdowns are read per question, only when asked ([`Analytics::answer_with`])
@@ -280,7 +281,7 @@ struct DayParts {
 /// question counts every day in one state: its visitor sets are built once, not once per
 /// half, and the fold at the end has little to unite. Otherwise (one question, or one that
 /// outweighs the rest) the days are split in two halves of about equal weight. Costs are
-/// what each question took on the batches before; the first batch is weighed by estimate.
+/// what each question took so far; a read's first day, counted on one thread, weighs them.
 struct Counting {
     first: Vec<Evaluator>,
     /// The second thread's (empty when one thread counts every day).
@@ -327,42 +328,31 @@ impl Counting {
         // counted on one thread: two would each hold the day's columns and resolved
         // dictionary at once, which a day of 100,000 pages read by many at once cannot afford.
         if self.second.is_empty() || days.len() < 2 {
-            let mut all: Vec<&mut Evaluator> = self.first.iter_mut().collect();
-            add_spent(&mut self.spent, &count(&mut all, days, dict), 0..);
+            let all = self.first.iter_mut().enumerate().collect();
+            on_two(&mut self.spent, (all, days), (Vec::new(), &[]), dict);
             return self;
         }
-        if days.len() > 1 && self.first.len() > 1 && self.spent.iter().all(Duration::is_zero) {
+        if self.spent.iter().all(Duration::is_zero) {
             // Weigh the questions on the first day; the rest is shared out by what they took.
             let (one, rest) = days.split_at(1);
             return self.count_now(one, dict).count_now(rest, dict);
         }
-        let weights = self.weights();
+        let weights: Vec<f64> = self.spent.iter().map(Duration::as_secs_f64).collect();
         self.shared = match self.shared.take() {
             Some(kept) if heavier(&kept, &weights) <= KEEP_MAX => Some(kept),
             _ => share(&weights),
         };
+        let pairs = self.first.iter_mut().zip(&mut self.second).enumerate();
         if let Some(on_second) = &self.shared {
             let (mut mine, mut other) = (Vec::new(), Vec::new());
-            let (mut mine_at, mut other_at) = (Vec::new(), Vec::new());
-            for (i, (a, b)) in self.first.iter_mut().zip(&mut self.second).enumerate() {
+            for (i, (a, b)) in pairs {
                 if on_second[i] {
-                    other.push(b);
-                    other_at.push(i);
+                    other.push((i, b));
                 } else {
-                    mine.push(a);
-                    mine_at.push(i);
+                    mine.push((i, a));
                 }
             }
-            let (spent_mine, spent_other) = std::thread::scope(|s| {
-                let other = s.spawn(move || {
-                    yield_cpu();
-                    count(&mut other, days, dict)
-                });
-                let spent = count(&mut mine, days, dict);
-                (spent, joined(other))
-            });
-            add_spent(&mut self.spent, &spent_mine, mine_at);
-            add_spent(&mut self.spent, &spent_other, other_at);
+            on_two(&mut self.spent, (mine, days), (other, days), dict);
             return self;
         }
         // Two halves of about equal weight (visits and events).
@@ -374,30 +364,9 @@ impl Counting {
             at += 1;
         }
         let (first, second) = days.split_at(at.max(1));
-        let mut mine: Vec<&mut Evaluator> = self.first.iter_mut().collect();
-        let mut other: Vec<&mut Evaluator> = self.second.iter_mut().collect();
-        let (a, b) = std::thread::scope(|s| {
-            let b = s.spawn(move || {
-                yield_cpu();
-                count(&mut other, second, dict)
-            });
-            (count(&mut mine, first, dict), joined(b))
-        });
-        add_spent(&mut self.spent, &a, 0..);
-        add_spent(&mut self.spent, &b, 0..);
+        let (mine, other): (Vec<_>, Vec<_>) = pairs.map(|(i, (a, b))| ((i, a), (i, b))).unzip();
+        on_two(&mut self.spent, (mine, first), (other, second), dict);
         self
-    }
-
-    /// Each question's weight: its time so far, or before any, an estimate (a question that
-    /// walks events costs about ten that read visits only).
-    fn weights(&self) -> Vec<f64> {
-        if self.spent.iter().any(|d| !d.is_zero()) {
-            return self.spent.iter().map(Duration::as_secs_f64).collect();
-        }
-        self.first
-            .iter()
-            .map(|e| if e.needs_events() { 10.0 } else { 1.0 })
-            .collect()
     }
 
     /// Both halves folded into one answer per question, each half's visitors merged on its
@@ -463,11 +432,42 @@ pub(crate) fn yield_cpu() {
     }
 }
 
-/// Count `days` in every question on this thread, each day's columns decoded once; returns
-/// the time each question took.
-fn count(evaluators: &mut [&mut Evaluator], days: &[DayParts], dict: &SiteDict) -> Vec<Duration> {
-    let need_events = evaluators.iter().any(|e| e.needs_events());
-    let mut spent = vec![Duration::ZERO; evaluators.len()];
+/// Questions (each with its index in the read) to count over days on one thread.
+type Work<'a, 'd> = (Vec<(usize, &'a mut Evaluator)>, &'d [DayParts]);
+
+/// Count `mine` on this thread and `other` (when it has questions) on a second one at the
+/// counting priority, adding the time each question took to `spent`. A panic on the second
+/// thread goes on in the caller: a question half counted must not be answered.
+fn on_two(spent: &mut [Duration], mine: Work<'_, '_>, other: Work<'_, '_>, dict: &SiteDict) {
+    let (mine, other) = std::thread::scope(|s| {
+        let other = (!other.0.is_empty()).then(|| {
+            s.spawn(move || {
+                yield_cpu();
+                count(other, dict)
+            })
+        });
+        let mine = count(mine, dict);
+        let other = other.map(|t| match t.join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        });
+        (mine, other.unwrap_or_default())
+    });
+    for (i, t) in mine.into_iter().chain(other) {
+        if let Some(s) = spent.get_mut(i) {
+            *s += t;
+        }
+    }
+}
+
+/// Count the days of `work` in each of its questions, each day's columns decoded once;
+/// returns the time each question took, by its index.
+fn count((mut questions, days): Work<'_, '_>, dict: &SiteDict) -> Vec<(usize, Duration)> {
+    let need_events = questions.iter().any(|(_, e)| e.needs_events());
+    let mut spent: Vec<(usize, Duration)> = questions
+        .iter()
+        .map(|(i, _)| (*i, Duration::ZERO))
+        .collect();
     let mut cols = Decoded::default();
     for d in days {
         let events = d.events.as_deref().filter(|_| need_events);
@@ -478,31 +478,13 @@ fn count(evaluators: &mut [&mut Evaluator], days: &[DayParts], dict: &SiteDict) 
             events,
             cols: &cols,
         };
-        for (e, spent) in evaluators.iter_mut().zip(&mut spent) {
+        for ((_, e), (_, spent)) in questions.iter_mut().zip(&mut spent) {
             let started = Instant::now();
             e.add(&input, dict);
             *spent += started.elapsed();
         }
     }
     spent
-}
-
-/// What a counting thread returned; its panic goes on in the caller (a question half
-/// counted must not be answered).
-fn joined<T>(thread: std::thread::ScopedJoinHandle<'_, T>) -> T {
-    match thread.join() {
-        Ok(v) => v,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
-
-/// Add the times of the questions at `at` (in order) to `spent`.
-fn add_spent(spent: &mut [Duration], times: &[Duration], at: impl IntoIterator<Item = usize>) {
-    for (i, t) in at.into_iter().zip(times) {
-        if let Some(s) = spent.get_mut(i) {
-            *s += *t;
-        }
-    }
 }
 
 /// Which questions go to the second thread when shared out by `weights` (heaviest first,
