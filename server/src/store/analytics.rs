@@ -78,14 +78,15 @@ pub enum AnalyticsError {
 /// The dictionary of one site's ids.
 #[derive(Default, Clone)]
 struct SiteDict {
-    pages: HashMap<u32, String>,
+    /// Shared with every question's interned values, never copied per read.
+    pages: HashMap<u32, Arc<str>>,
     srcs: HashMap<u32, SourceDims>,
     agents: HashMap<u32, AgentDims>,
 }
 
 impl query::Dictionary for SiteDict {
-    fn page(&self, id: u32) -> Option<&str> {
-        self.pages.get(&id).map(String::as_str)
+    fn page(&self, id: u32) -> Option<&Arc<str>> {
+        self.pages.get(&id)
     }
 
     fn source(&self, id: u32) -> Option<&SourceDims> {
@@ -981,7 +982,7 @@ impl Analytics {
         let mut added = 0;
         for (id, path) in rows.pages {
             added += path.len() + 48;
-            grown.pages.insert(id, path);
+            grown.pages.insert(id, path.into());
         }
         for (id, kind, value) in rows.dims {
             added += value.len() * 2 + 200;
@@ -1113,7 +1114,7 @@ mod tests {
         }
         let mut dict = SiteDict::default();
         for p in 1..=12 {
-            dict.pages.insert(p, format!("/p/{p}"));
+            dict.pages.insert(p, format!("/p/{p}").into());
         }
         for i in 1..=3u32 {
             let source = SourceDims {

@@ -238,14 +238,71 @@ pub(crate) fn candidates(
     all
 }
 
-/// The `limit` best of the named candidates: larger count first, ties by path.
-pub(crate) fn ranked(
-    mut named: Vec<(i64, String, PageViews)>,
+/// The `limit` best of the named candidates as they are named: larger count first, ties by
+/// path. Only the best `limit` so far are held (a site of 100,000 pages viewed once each has
+/// every page tied for the last place, and each path can be long).
+pub(crate) struct Ranked {
     limit: usize,
-) -> Vec<(i64, String, PageViews)> {
-    named.sort_by(|a, b| best(&b.2).cmp(&best(&a.2)).then_with(|| a.1.cmp(&b.1)));
-    named.truncate(limit);
-    named
+    /// The worst held on top.
+    held: std::collections::BinaryHeap<RankedPage>,
+}
+
+/// A named page in rank order (the better one sorts first).
+struct RankedPage(i64, String, PageViews);
+
+impl RankedPage {
+    fn key(&self) -> (std::cmp::Reverse<u64>, &str) {
+        (std::cmp::Reverse(best(&self.2)), &self.1)
+    }
+}
+
+impl PartialEq for RankedPage {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for RankedPage {}
+
+impl PartialOrd for RankedPage {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for RankedPage {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+impl Ranked {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            held: std::collections::BinaryHeap::with_capacity(limit.min(1024) + 1),
+        }
+    }
+
+    /// Offer a named candidate: held while it is among the best `limit` so far.
+    pub(crate) fn offer(&mut self, scope: i64, path: String, views: PageViews) {
+        if self.limit == 0 {
+            return;
+        }
+        self.held.push(RankedPage(scope, path, views));
+        if self.held.len() > self.limit {
+            self.held.pop();
+        }
+    }
+
+    /// The best, best first.
+    pub(crate) fn best(self) -> Vec<(i64, String, PageViews)> {
+        self.held
+            .into_sorted_vec()
+            .into_iter()
+            .map(|RankedPage(scope, path, views)| (scope, path, views))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -344,13 +401,22 @@ mod tests {
             .collect();
         asked.sort_unstable();
         assert_eq!(asked, [1, 2, 3, 5]);
-        let named = vec![
-            (1, "/b".to_owned(), views(5, 0)),
-            (2, "/z".to_owned(), views(0, 9)),
-            (3, "/c".to_owned(), views(5, 1)),
-            (5, "/a".to_owned(), views(5, 0)),
+        let named = [
+            (1, "/b", views(5, 0)),
+            (2, "/z", views(0, 9)),
+            (3, "/c", views(5, 1)),
+            (5, "/a", views(5, 0)),
         ];
-        let names: Vec<String> = ranked(named, 2).into_iter().map(|(_, p, _)| p).collect();
-        assert_eq!(names, ["/z", "/a"]);
+        let names = |limit: usize| -> Vec<String> {
+            let mut ranked = Ranked::new(limit);
+            for (scope, path, v) in &named {
+                ranked.offer(*scope, (*path).to_owned(), *v);
+            }
+            ranked.best().into_iter().map(|(_, p, _)| p).collect()
+        };
+        assert_eq!(names(2), ["/z", "/a"]);
+        assert_eq!(names(3), ["/z", "/a", "/b"]);
+        assert_eq!(names(9), ["/z", "/a", "/b", "/c"]);
+        assert!(names(0).is_empty());
     }
 }

@@ -919,23 +919,19 @@ fn finish(
             v
         }
     };
-    // Rank (row, metrics) first; only the rows of the asked page get their labels.
-    let mut out: Vec<(usize, Vec<Value>)> = rows
-        .accs
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| {
-            a.visits > 0 || a.events > 0 || a.whole_visits > 0 || a.counted_visitors > 0
-        })
-        .map(|(i, a)| {
-            let metrics = query
-                .metrics
-                .iter()
-                .map(|m| metric(*m, a, total_visitors))
-                .collect();
-            (i, metrics)
-        })
-        .collect();
+    // Rank (row, its metrics) first; only the rows of the asked page get their labels. The
+    // metrics of every row sit in one flat table (a site's page breakdown can have 100,000
+    // rows: one small vector each would hold twice the memory).
+    let width = query.metrics.len();
+    let mut table: Vec<Value> = Vec::new();
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (i, a) in rows.accs.iter().enumerate().filter(|(_, a)| {
+        a.visits > 0 || a.events > 0 || a.whole_visits > 0 || a.counted_visitors > 0
+    }) {
+        out.push((i, out.len()));
+        table.extend(query.metrics.iter().map(|m| metric(*m, a, total_visitors)));
+    }
+    let metrics_of = |at: usize| &table[at * width..(at + 1) * width];
     let order = order_of(query);
     let dims_cmp = |a: usize, b: usize, only: Option<usize>| {
         let (ka, kb) = (&rows.keys[a], &rows.keys[b]);
@@ -951,7 +947,8 @@ fn finish(
         }
         std::cmp::Ordering::Equal
     };
-    out.sort_by(|(ra, ma), (rb, mb)| {
+    out.sort_by(|&(ra, at_a), &(rb, at_b)| {
+        let (ma, mb) = (metrics_of(at_a), metrics_of(at_b));
         for (key, desc) in &order {
             let ord = match key {
                 OrderKey::Metric(m) => {
@@ -960,7 +957,7 @@ fn finish(
                 }
                 OrderKey::Dimension(d) => {
                     let k = query.dimensions.iter().position(|x| x == d).unwrap_or(0);
-                    dims_cmp(*ra, *rb, Some(k))
+                    dims_cmp(ra, rb, Some(k))
                 }
             };
             let ord = if *desc { ord.reverse() } else { ord };
@@ -968,7 +965,7 @@ fn finish(
                 return ord;
             }
         }
-        dims_cmp(*ra, *rb, None)
+        dims_cmp(ra, rb, None)
     });
     // With no dimensions there is always exactly one row.
     let empty = query.dimensions.is_empty() && out.is_empty();
@@ -977,13 +974,13 @@ fn finish(
         .into_iter()
         .skip(query.offset)
         .take(query.limit)
-        .map(|(i, metrics)| Row {
+        .map(|(i, at)| Row {
             dimensions: rows.keys[i]
                 .iter()
                 .enumerate()
                 .map(|(k, id)| label(k, *id).to_owned())
                 .collect(),
-            metrics,
+            metrics: metrics_of(at).to_vec(),
         })
         .collect();
     if empty && query.offset == 0 && query.limit > 0 {

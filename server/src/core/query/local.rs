@@ -16,8 +16,9 @@ use crate::core::segment::{Events, Segment};
 
 /// What the evaluator needs to know of stored ids.
 pub trait Dictionary {
-    /// A page's path (`None`: unknown id).
-    fn page(&self, id: u32) -> Option<&str>;
+    /// A page's path (`None`: unknown id), shared: every question that names the page holds
+    /// this one copy (a site of 100,000 pages has three page breakdowns on its dashboard).
+    fn page(&self, id: u32) -> Option<&Arc<str>>;
     /// A source tuple (`None`: none recorded).
     fn source(&self, id: u32) -> Option<&SourceDims>;
     /// An agent tuple (`None`: none recorded).
@@ -39,8 +40,19 @@ impl Values {
         if let Some(id) = self.ids.get(value) {
             return *id;
         }
+        self.add(value.into())
+    }
+
+    /// [`Values::id`] of a value already shared (held once more, not copied).
+    pub(super) fn id_of_shared(&mut self, value: &Arc<str>) -> u32 {
+        if let Some(id) = self.ids.get(&**value) {
+            return *id;
+        }
+        self.add(Arc::clone(value))
+    }
+
+    fn add(&mut self, shared: Arc<str>) -> u32 {
         let id = self.names.len() as u32;
-        let shared: Arc<str> = value.into();
         self.names.push(Arc::clone(&shared));
         self.ids.insert(shared, id);
         id
@@ -347,7 +359,8 @@ pub(super) fn resolve(
         let at = match memo.pages.get(&id) {
             Some(at) => *at as usize,
             None => {
-                let path = dict.page(id).unwrap_or("");
+                let shared = dict.page(id);
+                let path: &str = shared.map_or("", |p| p);
                 let pass = |dim: Dimension, fs: &[Filter]| {
                     fs.iter()
                         .filter(|f| f.dimension == dim)
@@ -360,7 +373,10 @@ pub(super) fn resolve(
                         | u8::from(pass(Dimension::Page, event_filters)) << 2,
                 );
                 for &k in &page_slots {
-                    let v = values[k].id(path);
+                    let v = match shared {
+                        Some(p) => values[k].id_of_shared(p),
+                        None => values[k].id(""),
+                    };
                     memo.page_values.push(v);
                 }
                 memo.pages.insert(id, at as u32);

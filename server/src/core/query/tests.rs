@@ -1,6 +1,7 @@
 //! The metric definitions, held against hand-made days.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use jiff::civil::{Date, date};
 
@@ -12,14 +13,14 @@ use crate::core::segment::{DayEvent, Events, Segment, build};
 const MIN: i64 = 60_000;
 
 struct Dict {
-    pages: HashMap<u32, String>,
+    pages: HashMap<u32, Arc<str>>,
     srcs: HashMap<u32, SourceDims>,
     agents: HashMap<u32, AgentDims>,
 }
 
 impl Dictionary for Dict {
-    fn page(&self, id: u32) -> Option<&str> {
-        self.pages.get(&id).map(String::as_str)
+    fn page(&self, id: u32) -> Option<&Arc<str>> {
+        self.pages.get(&id)
     }
     fn source(&self, id: u32) -> Option<&SourceDims> {
         self.srcs.get(&id)
@@ -45,7 +46,7 @@ fn dict() -> Dict {
     Dict {
         pages: [(1, "/"), (2, "/pricing"), (3, "/blog/a")]
             .into_iter()
-            .map(|(i, p)| (i, p.to_owned()))
+            .map(|(i, p)| (i, p.into()))
             .collect(),
         srcs: [
             (1, src("", "Direct", "")),

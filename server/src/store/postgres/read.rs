@@ -456,18 +456,16 @@ pub(super) async fn top_pages(
     let stmt = client
         .prepare_cached("SELECT id, path FROM pages WHERE id = ANY($1)")
         .await?;
-    let paths: HashMap<i64, String> = client
-        .query(&stmt, &[&ids])
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let named: Vec<(i64, String, daypages::PageViews)> = candidates
-        .into_iter()
-        .filter_map(|(scope, views)| Some((scope, paths.get(&scope)?.clone(), views)))
-        .collect();
+    let views: HashMap<i64, daypages::PageViews> = candidates.into_iter().collect();
+    let mut ranked = daypages::Ranked::new(limit as usize);
+    for row in client.query(&stmt, &[&ids]).await? {
+        let scope: i64 = row.get(0);
+        if let Some(v) = views.get(&scope) {
+            ranked.offer(scope, row.get(1), *v);
+        }
+    }
     let mut pages = Vec::new();
-    for (scope, page, views) in daypages::ranked(named, limit as usize) {
+    for (scope, page, views) in ranked.best() {
         let mut numbers = BySource::default();
         for (source, views, target) in [
             (Source::Web, views.web, &mut numbers.web),

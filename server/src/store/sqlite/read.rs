@@ -323,14 +323,14 @@ pub(super) fn read_top_pages(
         }
     }
     let mut path = conn.prepare_cached("SELECT path FROM pages WHERE id = ?1")?;
-    let mut named = Vec::new();
+    let mut ranked = daypages::Ranked::new(limit as usize);
     for (scope, views) in daypages::candidates(sum.totals(), limit as usize) {
         if let Some(page) = path.query_row([scope], |r| r.get(0)).optional()? {
-            named.push((scope, page, views));
+            ranked.offer(scope, page, views);
         }
     }
     let mut out = Vec::new();
-    for (scope, page, views) in daypages::ranked(named, limit as usize) {
+    for (scope, page, views) in ranked.best() {
         let mut numbers = BySource::default();
         for (source, views, target) in [
             (Source::Web, views.web, &mut numbers.web),
