@@ -1,6 +1,6 @@
 //! The stats lane: reads for dashboards and analytics (day segments, open days, ranges,
 //! breakdowns) run on a few threads of their own, each with its own read-only connection, at
-//! the counting threads' lower CPU priority (`store::analytics::yield_cpu`).
+//! the counting threads' lower CPU priority (`store::analytics::counting_thread`).
 //!
 //! Contract:
 //! - **Reads yield to live hits.** Lane threads run at nice 10: under contention for the
@@ -101,7 +101,7 @@ impl Lane {
 /// A lane thread: take jobs until the store is gone, opening its connection at the first
 /// job (and again after a failed open).
 fn serve(jobs: &Mutex<Receiver<Job>>, path: &std::path::Path) {
-    crate::store::analytics::yield_cpu();
+    crate::store::analytics::counting_thread();
     let mut conn: Option<Connection> = None;
     loop {
         let job = match jobs.lock() {
