@@ -442,9 +442,9 @@ pub(crate) fn counting_thread() {
 }
 
 /// How long the reads' arena keeps memory freed by a read before it goes back to the
-/// system, ms. A read over 100,000 pages frees ~50 MB at its end; kept longer, the next
-/// read reuses it (the arena is shared by every counting thread), but an idle collector
-/// should not hold a read's peak for long.
+/// system, ms (jemalloc purges as the arena is next used: with no read at all, what the
+/// last one freed stays until the next). A read over 100,000 pages frees ~50 MB at its end;
+/// a read soon after reuses it (the arena is shared by every counting thread).
 const READS_DECAY_MS: isize = 1000;
 
 /// The jemalloc arena of counting threads (the SQLite stats lane's and those the analytics
