@@ -448,7 +448,9 @@ pub(crate) fn counting_thread() {
 const READS_DECAY_MS: isize = 1000;
 
 /// The jemalloc arena of counting threads (the SQLite stats lane's and those the analytics
-/// start per read): `None` where it cannot be made (another allocator). By default jemalloc
+/// start per read), made at the first call; `None` if jemalloc refused to make it. Where
+/// jemalloc is linked but not the allocator (the library's tests), the arena is made and
+/// serves nothing. By default jemalloc
 /// hands a new thread whichever arena has fewest threads, so each read's fresh counting
 /// threads used a different arena and every arena kept the dirty pages of the last read it
 /// served for 10 s; 64 readers over 100,000 pages peaked past 200 MB on that alone. One
@@ -458,11 +460,11 @@ fn reads_arena() -> Option<u32> {
     static ARENA: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     *ARENA.get_or_init(|| {
         let arena: u32 = b"arenas.create\0".name().read().ok()?;
-        for decay in ["dirty", "muzzy"] {
-            let key = format!("arena.{arena}.{decay}_decay_ms\0");
-            if let Err(e) = key.as_bytes().name().write(READS_DECAY_MS) {
-                tracing::debug!(error = %e, "could not set the reads' arena decay");
-            }
+        // Only the dirty decay: pages past it are purged at once (jemalloc's muzzy decay is
+        // 0 here), not first marked free for the kernel, which still counts them in RSS.
+        let key = format!("arena.{arena}.dirty_decay_ms\0");
+        if let Err(e) = key.as_bytes().name().write(READS_DECAY_MS) {
+            tracing::debug!(error = %e, "could not set the reads' arena decay");
         }
         Some(arena)
     })

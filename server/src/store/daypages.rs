@@ -223,7 +223,7 @@ fn best(v: &PageViews) -> u64 {
 
 /// The pages of `totals` that can be among the `limit` best by their larger count (ties are
 /// broken by path, so every page tied with the last place is one); the caller names them and
-/// hands them to [`ranked`].
+/// offers them to [`Ranked`].
 pub(crate) fn candidates(
     totals: impl Iterator<Item = (i64, PageViews)>,
     limit: usize,

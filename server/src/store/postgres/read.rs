@@ -457,8 +457,12 @@ pub(super) async fn top_pages(
         .prepare_cached("SELECT id, path FROM pages WHERE id = ANY($1)")
         .await?;
     let views: HashMap<i64, daypages::PageViews> = candidates.into_iter().collect();
+    // Streamed: with every page tied for the last place, all of them are candidates.
     let mut ranked = daypages::Ranked::new(limit as usize);
-    for row in client.query(&stmt, &[&ids]).await? {
+    let params: [&(dyn ToSql + Sync); 1] = [&ids];
+    let rows = client.query_raw(&stmt, params).await?;
+    futures_util::pin_mut!(rows);
+    while let Some(row) = rows.try_next().await? {
         let scope: i64 = row.get(0);
         if let Some(v) = views.get(&scope) {
             ranked.offer(scope, row.get(1), *v);
