@@ -450,12 +450,11 @@ const READS_DECAY_MS: isize = 1000;
 /// The jemalloc arena of counting threads (the SQLite stats lane's and those the analytics
 /// start per read), made at the first call; `None` if jemalloc refused to make it. Where
 /// jemalloc is linked but not the allocator (the library's tests), the arena is made and
-/// serves nothing. By default jemalloc
-/// hands a new thread whichever arena has fewest threads, so each read's fresh counting
-/// threads used a different arena and every arena kept the dirty pages of the last read it
-/// served for 10 s; 64 readers over 100,000 pages peaked past 200 MB on that alone. One
-/// arena of their own lets each read reuse what the last one freed, and keeps reads'
-/// memory apart from the collector's.
+/// serves nothing. By default jemalloc hands a new thread whichever arena has fewest
+/// threads, so each read's fresh counting threads used a different arena and every arena
+/// kept the dirty pages of the last read it served for 10 s; 64 readers over 100,000 pages
+/// peaked past 200 MB on that alone. One arena of their own lets each read reuse what the
+/// last one freed, and keeps reads' memory apart from the collector's.
 fn reads_arena() -> Option<u32> {
     static ARENA: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     *ARENA.get_or_init(|| {

@@ -45,7 +45,7 @@ struct Kept {
 }
 
 /// A page's views summed over a range: web (sources 0 and 2) and badge (source 1).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct PageViews {
     pub(crate) web: u64,
     pub(crate) badge: u64,
@@ -243,37 +243,8 @@ pub(crate) fn candidates(
 /// every page tied for the last place, and each path can be long).
 pub(crate) struct Ranked {
     limit: usize,
-    /// The worst held on top.
-    held: std::collections::BinaryHeap<RankedPage>,
-}
-
-/// A named page in rank order (the better one sorts first).
-struct RankedPage(i64, String, PageViews);
-
-impl RankedPage {
-    fn key(&self) -> (std::cmp::Reverse<u64>, &str) {
-        (std::cmp::Reverse(best(&self.2)), &self.1)
-    }
-}
-
-impl PartialEq for RankedPage {
-    fn eq(&self, other: &Self) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl Eq for RankedPage {}
-
-impl PartialOrd for RankedPage {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for RankedPage {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.key().cmp(&other.key())
-    }
+    /// In rank order (the better sorts first; paths are unique in a site), the worst on top.
+    held: std::collections::BinaryHeap<(std::cmp::Reverse<u64>, String, i64, PageViews)>,
 }
 
 impl Ranked {
@@ -289,7 +260,8 @@ impl Ranked {
         if self.limit == 0 {
             return;
         }
-        self.held.push(RankedPage(scope, path, views));
+        self.held
+            .push((std::cmp::Reverse(best(&views)), path, scope, views));
         if self.held.len() > self.limit {
             self.held.pop();
         }
@@ -300,7 +272,7 @@ impl Ranked {
         self.held
             .into_sorted_vec()
             .into_iter()
-            .map(|RankedPage(scope, path, views)| (scope, path, views))
+            .map(|(_, path, scope, views)| (scope, path, views))
             .collect()
     }
 }
