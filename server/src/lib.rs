@@ -322,6 +322,13 @@ async fn upkeep_loop(
                 false
             }
         };
+        if complete {
+            match sealer.roll_up(clock.now()).await {
+                Ok(0) => {}
+                Ok(months) => tracing::info!(months, "rolled up sealed months"),
+                Err(e) => tracing::warn!(error = %e, "rolling up sealed months failed; will retry"),
+            }
+        }
         if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
             let policy = if complete {
                 policy

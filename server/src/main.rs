@@ -245,11 +245,13 @@ fn main() -> anyhow::Result<()> {
             Command::Verify { repair, site } => {
                 let store = tally::open_store(&config).await?;
                 match site {
-                    None => verify(store.as_ref(), repair).await,
+                    None => verify(store, repair).await,
                     Some(site) => {
                         let id =
                             SiteId::parse(&site).map_err(|e| anyhow::anyhow!("{site:?}: {e}"))?;
-                        report_verify(store.verify_site(&id, repair).await?)
+                        let counted = store.verify_site(&id, repair).await?;
+                        let rolled = verify_rollups(&store, Some(&id), repair).await?;
+                        report_verify(joined(counted, rolled))
                     }
                 }
             }
@@ -692,11 +694,40 @@ async fn copy_to(
         "copied to {target} in {:.1} s; verifying there",
         started.elapsed().as_secs_f64()
     );
-    verify(&pg, false).await
+    verify(Arc::new(pg), false).await
 }
 
-async fn verify(store: &dyn tally::store::Store, repair: bool) -> anyhow::Result<()> {
-    report_verify(store.verify(repair).await?)
+async fn verify(store: Arc<dyn tally::store::Store>, repair: bool) -> anyhow::Result<()> {
+    let counted = store.verify(repair).await?;
+    let rolled = verify_rollups(&store, None, repair).await?;
+    report_verify(joined(counted, rolled))
+}
+
+/// Recount the month rollups of `site` (or of every site) from the day segments.
+async fn verify_rollups(
+    store: &Arc<dyn tally::store::Store>,
+    site: Option<&SiteId>,
+    repair: bool,
+) -> anyhow::Result<tally::store::VerifyReport> {
+    let sites: Vec<_> = store
+        .list_sites()
+        .await?
+        .into_iter()
+        .filter(|s| site.is_none_or(|id| s.id == *id))
+        .collect();
+    let analytics = tally::store::analytics::Analytics::new(store.clone(), 0);
+    Ok(analytics.verify_rollups(&sites, repair).await?)
+}
+
+/// Two verify reports as one.
+fn joined(
+    mut a: tally::store::VerifyReport,
+    b: tally::store::VerifyReport,
+) -> tally::store::VerifyReport {
+    a.checked += b.checked;
+    a.drift.extend(b.drift);
+    a.repaired |= b.repaired;
+    a
 }
 
 /// Print a verify's drift and totals; exit 1 on drift left unrepaired.

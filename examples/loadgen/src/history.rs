@@ -558,6 +558,12 @@ pub async fn seed(args: SeedArgs) -> anyhow::Result<()> {
         report.sealed,
         sealing.elapsed().as_secs_f64()
     );
+    let rolling = Instant::now();
+    let months = sealer.roll_up(now).await?;
+    println!(
+        "rolled {months} months up in {:.1} s",
+        rolling.elapsed().as_secs_f64()
+    );
     println!(
         "read it: tally-loadgen read --db {}{}",
         args.target.db,

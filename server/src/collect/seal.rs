@@ -10,6 +10,8 @@
 //! - A pass seals days oldest first, site by site, at most `max_days` per call; days whose seal
 //!   lost a race with an import are left for the next pass. Raw events are pruned only after
 //!   a complete pass, so a day's segment exists before its raw events go (`lib::upkeep_loop`).
+//! - After a complete pass, [`Sealer::roll_up`] stores the month rollups of what it sealed
+//!   (`store::rollups`): a month whose sealed days changed is counted again whole.
 
 use std::sync::Arc;
 
@@ -17,6 +19,7 @@ use jiff::Timestamp;
 use jiff::civil::Date;
 
 use crate::core::day::SiteZone;
+use crate::store::analytics::{Analytics, AnalyticsError};
 use crate::store::{SegmentSource, SiteStore, StoreError};
 
 /// How long a day must have been over before it is sealed.
@@ -88,6 +91,22 @@ impl Sealer {
             }
         }
         Ok(report)
+    }
+
+    /// Store the month rollups (`store::rollups`) of every site's days sealed as of `now`
+    /// where they are missing or out of date; how many months were stored. Counting work at
+    /// the analytics' lower priority: live hits go first.
+    pub async fn roll_up(&self, now: Timestamp) -> Result<u64, AnalyticsError> {
+        // Nothing of a pass is worth keeping in memory: each month is counted once.
+        let analytics = Analytics::new(Arc::clone(&self.segments), 0);
+        let mut rolled = 0;
+        for site in self.sites.list_sites().await? {
+            let Some(through) = sealable_through(&site.zone, now) else {
+                continue;
+            };
+            rolled += analytics.roll_up(&site.id, &site.zone, through).await?;
+        }
+        Ok(rolled)
     }
 }
 

@@ -49,7 +49,7 @@ use jiff::civil::Date;
 use tikv_jemalloc_ctl::{Access, AsName};
 
 use super::merge::{self, Imports};
-use super::{DIM_AGENT, DIM_SOURCE, OTHER_DIM, PartsWanted, SegmentSource, StoreError};
+use super::{DIM_AGENT, DIM_SOURCE, OTHER_DIM, PartsWanted, SegmentSource, StoreError, rollups};
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
 use crate::core::ids::SiteId;
@@ -752,6 +752,23 @@ impl Analytics {
                     _ => (vec![None; missed.len()], None),
                 }
             };
+            // Else the stored states of whole months ([`rollups`]), merged.
+            let (grown, lacking) = match lacking {
+                Some(l) => (grown, Some(l)),
+                None => {
+                    let asked: Vec<Query> = missed.iter().map(|&i| queries[i].clone()).collect();
+                    match self
+                        .stored_months(site, zone, (from, to), &index.sealed, asked)
+                        .await?
+                    {
+                        Some((bases, l)) => (
+                            bases.into_iter().map(|b| Some(Arc::new(b))).collect(),
+                            Some(l),
+                        ),
+                        None => (grown, None),
+                    }
+                }
+            };
             let days: &[(Date, i64)] = lacking.as_deref().unwrap_or(&index.sealed);
             self.counted
                 .fetch_add(missed.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -760,31 +777,13 @@ impl Analytics {
                 std::sync::atomic::Ordering::Relaxed,
             );
             let fresh: Vec<Evaluator> = missed.iter().map(|&i| evaluators[i].fresh()).collect();
-            let need_events = fresh.iter().any(Evaluator::needs_events);
-            let mut counting = Counting::new(fresh);
-            // Each chunk is read while the one before it is counted.
-            let mut chunks = days.chunks(CHUNK_DAYS);
-            let mut next = match chunks.next() {
-                Some(chunk) => Some(self.sealed(site, chunk, need_events).await?),
-                None => None,
+            let counted = match self.count_sealed(site, days, fresh, dict).await? {
+                Ok((counted, grown_dict)) => {
+                    dict = grown_dict;
+                    counted
+                }
+                Err(Changed) => return Ok(Err(Changed)),
             };
-            while let Some(read) = next.take() {
-                let Ok(days) = read else {
-                    return Ok(Err(Changed));
-                };
-                dict = self.complete(site, dict, &days).await?;
-                let following = chunks.next();
-                let (counted, read) =
-                    tokio::join!(counting.count(days, Arc::clone(&dict)), async {
-                        match following {
-                            Some(chunk) => Some(self.sealed(site, chunk, need_events).await),
-                            None => None,
-                        }
-                    });
-                counting = counted?;
-                next = read.transpose()?;
-            }
-            let counted = counting.finish().await?;
             // Grown states: the kept one and the days it lacked. Time rows of sealed days keep
             // counts, not visitor sets (no open day adds to them).
             let sealed: HashSet<Date> = index.sealed.iter().map(|(d, _)| *d).collect();
@@ -795,7 +794,9 @@ impl Analytics {
                     .map(|(e, base)| {
                         let mut e = match base {
                             Some(base) => {
-                                let mut whole = Evaluator::clone(&base);
+                                // A kept state is shared: copied; a month's is this read's.
+                                let mut whole = Arc::try_unwrap(base)
+                                    .unwrap_or_else(|shared| Evaluator::clone(&shared));
                                 whole.merge(e);
                                 whole
                             }
@@ -837,6 +838,262 @@ impl Analytics {
         })
         .await?;
         Ok(Ok(answers))
+    }
+
+    /// The states of `queries` over the days `range` of `site` that stored month states
+    /// ([`rollups`]) give, merged, and the days of `sealed` (the range's sealed days) they
+    /// leave to count. A month is used only when every question has a state of it over
+    /// exactly the range's sealed days of that month, at their versions; a month the range
+    /// starts inside is not read. `None` when no month is used.
+    async fn stored_months(
+        &self,
+        site: &SiteId,
+        zone: &SiteZone,
+        (from, to): (Date, Date),
+        sealed: &[(Date, i64)],
+        queries: Vec<Query>,
+    ) -> Result<Option<(Vec<Evaluator>, Vec<(Date, i64)>)>, AnalyticsError> {
+        if queries.is_empty() || !queries.iter().all(rollups::rollable) {
+            return Ok(None);
+        }
+        let keys = queries
+            .iter()
+            .map(|q| Evaluator::new(q, from, to, zone).map(|e| rollups::key(zone, &e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut by_month: std::collections::BTreeMap<Date, Vec<(Date, i64)>> = Default::default();
+        for d in sealed {
+            by_month.entry(rollups::month_of(d.0)).or_default().push(*d);
+        }
+        let queries = Arc::new(queries);
+        let mut bases: Option<Vec<Evaluator>> = None;
+        let mut lacking = Vec::new();
+        for (month, days) in by_month {
+            if month < from {
+                lacking.extend(days);
+                continue;
+            }
+            let mut stored: HashMap<String, rollups::RollupState> = self
+                .source
+                .rollup_states(site, month, keys.clone())
+                .await?
+                .into_iter()
+                .filter(|s| s.days == days)
+                .map(|s| (s.key.clone(), s))
+                .collect();
+            let Some(states) = keys
+                .iter()
+                .map(|k| stored.remove(k).map(|s| s.state))
+                .collect::<Option<Vec<Vec<u8>>>>()
+            else {
+                lacking.extend(days);
+                continue;
+            };
+            let (asked, zone) = (Arc::clone(&queries), zone.clone());
+            let mut prior = bases.take();
+            let merged = yielding(move || {
+                let mut out = Vec::with_capacity(states.len());
+                for (i, (q, bytes)) in asked.iter().zip(states).enumerate() {
+                    let e = Evaluator::load(q, from, to, &zone, &bytes)?;
+                    match prior.as_mut().and_then(|p| p.get_mut(i)) {
+                        Some(p) => p.merge(e),
+                        None => out.push(e),
+                    }
+                }
+                Ok::<_, query::StateError>(prior.unwrap_or(out))
+            })
+            .await?
+            .map_err(|e| StoreError::Invalid(format!("month {month} of {site}: {e}")))?;
+            bases = Some(merged);
+        }
+        Ok(bases.map(|b| (b, lacking)))
+    }
+
+    /// Store the state of every question of [`rollups::questions`] over each month of
+    /// `site` whose sealed days up to `through` are not what its stored states counted (a
+    /// day sealed since, a day sealed again, a question added by an upgrade); how many months
+    /// were stored. A month one of whose days changed while it was counted is left for the
+    /// next call.
+    pub async fn roll_up(
+        &self,
+        site: &SiteId,
+        zone: &SiteZone,
+        through: Date,
+    ) -> Result<u64, AnalyticsError> {
+        let sealed = self.source.sealed_through(site, through).await?;
+        let mut stored: HashMap<Date, HashMap<String, Vec<(Date, i64)>>> = HashMap::new();
+        for info in self.source.rollup_index(site).await? {
+            stored
+                .entry(info.month)
+                .or_default()
+                .insert(info.key, info.days);
+        }
+        let mut by_month: std::collections::BTreeMap<Date, Vec<(Date, i64)>> = Default::default();
+        for d in sealed {
+            by_month.entry(rollups::month_of(d.0)).or_default().push(d);
+        }
+        let keys = rollups::questions()
+            .iter()
+            .map(|q| Evaluator::new(q, through, through, zone).map(|e| rollups::key(zone, &e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut rolled = 0;
+        for (month, days) in by_month {
+            let current = stored.get(&month).is_some_and(|have| {
+                have.len() == keys.len() && keys.iter().all(|k| have.get(k) == Some(&days))
+            });
+            if current {
+                continue;
+            }
+            let Some(states) = self.count_month(site, zone, month, &days).await? else {
+                continue;
+            };
+            self.source.put_rollups(site, month, states).await?;
+            rolled += 1;
+        }
+        Ok(rolled)
+    }
+
+    /// The state of every question of [`rollups::questions`] over the sealed `days` of the
+    /// month that starts on `month`; `None` when one of them changed while it was counted.
+    pub async fn count_month(
+        &self,
+        site: &SiteId,
+        zone: &SiteZone,
+        month: Date,
+        days: &[(Date, i64)],
+    ) -> Result<Option<Vec<rollups::RollupState>>, AnalyticsError> {
+        let to = rollups::month_end(month);
+        let fresh = rollups::questions()
+            .iter()
+            .map(|q| Evaluator::new(q, month, to, zone))
+            .collect::<Result<Vec<_>, _>>()?;
+        let keys: Vec<String> = fresh.iter().map(|e| rollups::key(zone, e)).collect();
+        let dict = self
+            .kept()
+            .dicts
+            .get(site.as_str())
+            .cloned()
+            .unwrap_or_default();
+        let Ok((counted, _)) = self.count_sealed(site, days, fresh, dict).await? else {
+            return Ok(None);
+        };
+        let days = days.to_vec();
+        let states = yielding(move || {
+            counted
+                .into_iter()
+                .zip(keys)
+                .map(|(mut e, key)| {
+                    e.close_sealed(|_| true);
+                    rollups::RollupState {
+                        key,
+                        days: days.clone(),
+                        state: e.save(),
+                    }
+                })
+                .collect()
+        })
+        .await?;
+        Ok(Some(states))
+    }
+
+    /// Recount every stored month state of `sites` ([`rollups`]) from the stored day
+    /// segments at the versions it names, and report each that differs; with `repair`,
+    /// replace a month that has one. A state over days that changed since (no read uses it;
+    /// the next seal pass replaces it) or of a question or zone no longer asked is not
+    /// checked.
+    pub async fn verify_rollups(
+        &self,
+        sites: &[crate::core::site::Site],
+        repair: bool,
+    ) -> Result<super::VerifyReport, AnalyticsError> {
+        let mut report = super::VerifyReport::default();
+        let questions = rollups::questions();
+        for site in sites {
+            let mut months: std::collections::BTreeMap<Date, Vec<rollups::RollupInfo>> =
+                Default::default();
+            for info in self.source.rollup_index(&site.id).await? {
+                months.entry(info.month).or_default().push(info);
+            }
+            for (month, infos) in months {
+                let days = infos[0].days.clone();
+                let Some(fresh) = self.count_month(&site.id, &site.zone, month, &days).await?
+                else {
+                    continue;
+                };
+                let keys = infos.iter().map(|i| i.key.clone()).collect();
+                let stored = self.source.rollup_states(&site.id, month, keys).await?;
+                let (zone, to) = (site.zone.clone(), rollups::month_end(month));
+                let asked = questions.clone();
+                let fresh_states = fresh.clone();
+                let checks = yielding(move || {
+                    stored
+                        .into_iter()
+                        .filter(|s| s.days == days)
+                        .filter_map(|s| {
+                            let i = fresh_states.iter().position(|f| f.key == s.key)?;
+                            let load = |bytes: &[u8]| {
+                                Evaluator::load(&asked[i], month, to, &zone, bytes).ok()
+                            };
+                            let mut recount = load(&fresh_states[i].state)?;
+                            let same = load(&s.state).is_some_and(|mut e| e.same_as(&mut recount));
+                            Some((i, same, s.state.len(), fresh_states[i].state.len()))
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .await?;
+                let mut drifted = false;
+                for (i, same, stored_len, recount_len) in checks {
+                    report.checked += 1;
+                    if !same {
+                        drifted = true;
+                        report.drift.push(super::Drift {
+                            key: format!("{}/rollup/{month}/{i}", site.id.as_str()),
+                            stored: (-1, stored_len as i64),
+                            recounted: (-1, recount_len as i64),
+                        });
+                    }
+                }
+                if drifted && repair {
+                    self.source.put_rollups(&site.id, month, fresh).await?;
+                    report.repaired = true;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// `evaluators` (fresh, or states over other days) with the sealed `days` counted in,
+    /// settled, and `dict` grown by the ids those days use. Each chunk of days is read while
+    /// the one before it is counted.
+    async fn count_sealed(
+        &self,
+        site: &SiteId,
+        days: &[(Date, i64)],
+        evaluators: Vec<Evaluator>,
+        mut dict: Arc<SiteDict>,
+    ) -> Result<Result<(Vec<Evaluator>, Arc<SiteDict>), Changed>, AnalyticsError> {
+        let need_events = evaluators.iter().any(Evaluator::needs_events);
+        let mut counting = Counting::new(evaluators);
+        let mut chunks = days.chunks(CHUNK_DAYS);
+        let mut next = match chunks.next() {
+            Some(chunk) => Some(self.sealed(site, chunk, need_events).await?),
+            None => None,
+        };
+        while let Some(read) = next.take() {
+            let Ok(days) = read else {
+                return Ok(Err(Changed));
+            };
+            dict = self.complete(site, dict, &days).await?;
+            let following = chunks.next();
+            let (counted, read) = tokio::join!(counting.count(days, Arc::clone(&dict)), async {
+                match following {
+                    Some(chunk) => Some(self.sealed(site, chunk, need_events).await),
+                    None => None,
+                }
+            });
+            counting = counted?;
+            next = read.transpose()?;
+        }
+        Ok(Ok((counting.finish().await?, dict)))
     }
 
     /// The turns of `keys` (each once, in key order, so two reads never wait on each

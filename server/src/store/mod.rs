@@ -42,6 +42,7 @@ pub(crate) mod daysets;
 pub mod imported;
 pub mod merge;
 pub mod postgres;
+pub mod rollups;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -436,6 +437,33 @@ pub trait SegmentSource: Send + Sync {
         day: Date,
         day_start_ms: i64,
     ) -> Result<bool, StoreError>;
+
+    /// The sealed days of `site` up to `through`, with their versions, oldest first.
+    async fn sealed_through(
+        &self,
+        site: &SiteId,
+        through: Date,
+    ) -> Result<Vec<(Date, i64)>, StoreError>;
+
+    /// Every stored month state of `site` ([`rollups`]), without its bytes, by month and key.
+    async fn rollup_index(&self, site: &SiteId) -> Result<Vec<rollups::RollupInfo>, StoreError>;
+
+    /// The stored states of `site`'s month `month` (its first day) named `keys` (those
+    /// stored).
+    async fn rollup_states(
+        &self,
+        site: &SiteId,
+        month: Date,
+        keys: Vec<String>,
+    ) -> Result<Vec<rollups::RollupState>, StoreError>;
+
+    /// Replace every stored state of `site`'s month `month` by `states`, in one transaction.
+    async fn put_rollups(
+        &self,
+        site: &SiteId,
+        month: Date,
+        states: Vec<rollups::RollupState>,
+    ) -> Result<(), StoreError>;
 
     /// The imported rows of `table` of `site` over the local days `from..=to`
     /// ([`imported`]): one per day and value in (day, value) order, or with `by_day` false

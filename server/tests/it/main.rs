@@ -31,6 +31,7 @@ mod query_api;
 mod redis_shared;
 mod report_store;
 mod reports;
+mod rollups;
 mod segment_store;
 mod sessions;
 mod shared_conformance;

@@ -23,7 +23,7 @@ fn fixture(version: i64) -> PathBuf {
 
 /// What each schema version after the first fixture's added: dropping those of versions
 /// above N turns a current file into the file version N's code wrote.
-const ADDED_AFTER: [(i64, &str); 7] = [
+const ADDED_AFTER: [(i64, &str); 8] = [
     (2, "DROP TABLE import_ledger;"),
     (3, "DROP TABLE filtered;"),
     (4, "DROP TABLE set_journal;"),
@@ -50,6 +50,7 @@ const ADDED_AFTER: [(i64, &str); 7] = [
          ALTER TABLE events DROP COLUMN src; ALTER TABLE events DROP COLUMN agent;
          ALTER TABLE events DROP COLUMN engaged_ms; ALTER TABLE events DROP COLUMN scroll;",
     ),
+    (9, "DROP TABLE rollups;"),
 ];
 
 /// The fixtures committed (and checked), by schema version.

@@ -16,6 +16,9 @@ use tally::core::segment::{self, Events, Segment};
 use tally::store::analytics::Analytics;
 use tally::store::{DIM_CAP, ImportOptions, PartsWanted, SegmentIndex, Store, TEMP_NUMBERS};
 
+use crate::rollups::{
+    month_rollups_answer_exactly_and_never_go_stale, verify_recounts_rollups_and_repairs_them,
+};
 use crate::store_conformance::Harness;
 
 pub(crate) fn site() -> SiteId {
@@ -512,7 +515,7 @@ async fn answers_stay_exact_across_sealed_and_open_days(db: &impl Harness) {
 }
 
 /// Direct Firefox page views at 10:0n on their day: (n, visitor, day, page).
-fn morning_views(views: &[(u16, u8, Date, &str)]) -> Vec<Record> {
+pub(crate) fn morning_views(views: &[(u16, u8, Date, &str)]) -> Vec<Record> {
     views
         .iter()
         .map(|&(n, visitor, day, page)| {
@@ -522,7 +525,7 @@ fn morning_views(views: &[(u16, u8, Date, &str)]) -> Vec<Record> {
         .collect()
 }
 
-async fn seal(store: &dyn Store, day: Date) {
+pub(crate) async fn seal(store: &dyn Store, day: Date) {
     assert!(
         store
             .seal_day(&site(), day, day_start(day))
@@ -680,6 +683,8 @@ macro_rules! segment_checks {
                 verify_recounts_segments_and_repairs_them,
                 concurrent_readers_of_one_question_count_it_once,
                 a_kept_state_grows_by_the_days_sealed_since,
+                month_rollups_answer_exactly_and_never_go_stale,
+                verify_recounts_rollups_and_repairs_them,
             );
         }
     )*};

@@ -323,7 +323,7 @@ async fn a_v1_database_migrates_with_every_number_kept() {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("version");
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     let leftovers: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM sqlite_schema WHERE name LIKE 'v1_%' OR name = 'visitors'",
@@ -348,14 +348,14 @@ async fn a_v1_database_migrates_with_every_number_kept() {
 #[tokio::test]
 async fn a_newer_schema_is_refused() {
     let dir = tempfile::tempdir().expect("dir");
-    let path = dir.path().join("v10.sqlite");
+    let path = dir.path().join("v11.sqlite");
     drop(SqliteStore::open(&path, options()).expect("open"));
     rusqlite::Connection::open(&path)
         .expect("open")
-        .pragma_update(None, "user_version", 10)
+        .pragma_update(None, "user_version", 11)
         .expect("version");
     match SqliteStore::open(&path, options()) {
-        Err(StoreError::Invalid(why)) => assert!(why.contains("version 10"), "{why}"),
+        Err(StoreError::Invalid(why)) => assert!(why.contains("version 11"), "{why}"),
         Err(e) => panic!("expected Invalid, got {e}"),
         Ok(_) => panic!("a newer schema must be refused"),
     }

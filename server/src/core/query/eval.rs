@@ -24,8 +24,10 @@ use crate::core::day::SiteZone;
 use crate::core::segment::{Decoded, Events, Segment};
 
 mod extra;
+mod stored;
 
 pub use extra::{Extra, Sums};
+pub use stored::StateError;
 
 /// A metric's value in a row.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -31,7 +31,7 @@ pub(super) const PAGEVIEW: &str = "pageview";
 /// Interned values of one dimension (each value held once, by both maps).
 #[derive(Default, Clone)]
 pub(super) struct Values {
-    ids: HashMap<Arc<str>, u32, foldhash::fast::RandomState>,
+    pub(super) ids: HashMap<Arc<str>, u32, foldhash::fast::RandomState>,
     pub(super) names: Vec<Arc<str>>,
 }
 

@@ -30,8 +30,8 @@ mod eval;
 mod local;
 
 pub use eval::{
-    Answer, Day, DayInput, Dictionary, Evaluator, Extra, Row, Sums, Value, order_of, run, run_with,
-    set_of,
+    Answer, Day, DayInput, Dictionary, Evaluator, Extra, Row, StateError, Sums, Value, order_of,
+    run, run_with, set_of,
 };
 
 /// A metric that can be asked for.

@@ -641,6 +641,65 @@ fn another_page_order_or_metric_of_the_same_sums_shares_a_counted_state() {
     }
 }
 
+#[test]
+fn a_saved_state_loads_merges_and_answers_as_the_counted_one() {
+    let (seg, events) = day();
+    let (seg2, events2) = day2();
+    let q = |metrics: Vec<Metric>, dims: Vec<Dimension>| Query {
+        metrics,
+        dimensions: dims,
+        filters: vec![],
+        order_by: vec![],
+        limit: 100,
+        offset: 0,
+    };
+    let zone = SiteZone::utc();
+    for question in [
+        q(
+            vec![Metric::Visitors, Metric::Visits, Metric::BounceRate],
+            vec![],
+        ),
+        q(
+            vec![Metric::Visitors, Metric::TimeOnPage, Metric::ScrollDepth],
+            vec![Dimension::Page],
+        ),
+        q(vec![Metric::Visitors], vec![Dimension::Time(Grain::Day)]),
+        q(
+            vec![Metric::Visits],
+            vec![
+                Dimension::Visit(VisitDim::Browser),
+                Dimension::Visit(VisitDim::Country),
+            ],
+        ),
+    ] {
+        let both = [(DAY, &seg, Some(&events)), (DAY2, &seg2, Some(&events2))];
+        let want = run(&question, DAY, DAY2, &zone, &both, &dict()).expect("answers");
+        // Each day counted and saved alone, then loaded and merged: the same answer.
+        let mut first = state_over(&question, DAY, DAY2, &both[..1]);
+        let mut second = state_over(&question, DAY, DAY2, &both[1..]);
+        let (a, b) = (first.save(), second.save());
+        assert_eq!(a, first.save(), "saving twice gives the same bytes");
+        let mut loaded = Evaluator::load(&question, DAY, DAY2, &zone, &a).expect("loads");
+        assert!(loaded.same_as(&mut first), "{question:?}");
+        assert!(!loaded.same_as(&mut second) || a == b, "{question:?}");
+        loaded.merge(Evaluator::load(&question, DAY, DAY2, &zone, &b).expect("loads"));
+        assert_eq!(loaded.finish(), want, "{question:?}");
+        // Bytes not written here are refused, never read past their end.
+        for bad in [
+            &a[..a.len() - 1],
+            &a[1..],
+            &[a.as_slice(), &[0]].concat()[..],
+        ] {
+            assert!(Evaluator::load(&question, DAY, DAY2, &zone, bad).is_err());
+        }
+    }
+    // A state of one question is not another's.
+    let totals = q(vec![Metric::Visitors], vec![]);
+    let pages = q(vec![Metric::Visitors], vec![Dimension::Page]);
+    let saved = state_over(&pages, DAY, DAY, &[(DAY, &seg, Some(&events))]).save();
+    assert!(Evaluator::load(&totals, DAY, DAY, &zone, &saved).is_err());
+}
+
 mod dense_sets {
     use proptest::prelude::*;
     use roaring::RoaringBitmap;

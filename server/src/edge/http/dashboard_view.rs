@@ -415,22 +415,21 @@ pub(super) fn before(range: DayRange) -> DayRange {
     DayRange { from, to }
 }
 
-/// Read and shape everything the visits part shows.
-pub(super) async fn visits(
-    state: &AppState,
-    site: &Site,
-    range: DayRange,
-    range_pairs: &[(&'static str, String)],
-    filters: &[Filter],
-) -> Result<Visits, ApiError> {
-    let card_metrics: Vec<Metric> = CARDS.iter().map(|c| c.2).collect();
-    let all: Vec<&PanelSpec> = SOURCES
+/// Every panel, in the order of the page.
+fn panels() -> Vec<&'static PanelSpec> {
+    SOURCES
         .iter()
         .chain(&PAGES)
         .chain(&PLACES)
         .chain(&DEVICES)
         .chain(&EVENTS)
-        .collect();
+        .collect()
+}
+
+/// The questions of the visits part under `filters`: the cards, the daily series, then each
+/// panel's (without filters, each has a stored month state: `store::rollups`).
+fn questions(filters: &[Filter]) -> Vec<Query> {
+    let card_metrics: Vec<Metric> = CARDS.iter().map(|c| c.2).collect();
     let mut questions = vec![
         query(&card_metrics, Vec::new(), filters.to_vec(), 1),
         query(
@@ -440,7 +439,7 @@ pub(super) async fn visits(
             400,
         ),
     ];
-    for p in &all {
+    for p in panels() {
         let mut f = filters.to_vec();
         if p.only_custom && !f.iter().any(|x| x.dimension == Dimension::Name) {
             f.push(Filter {
@@ -452,6 +451,19 @@ pub(super) async fn visits(
         }
         questions.push(query(p.metrics, vec![p.dimension], f, ROWS));
     }
+    questions
+}
+
+/// Read and shape everything the visits part shows.
+pub(super) async fn visits(
+    state: &AppState,
+    site: &Site,
+    range: DayRange,
+    range_pairs: &[(&'static str, String)],
+    filters: &[Filter],
+) -> Result<Visits, ApiError> {
+    let all = panels();
+    let questions = questions(filters);
     // Imported breakdowns are included wherever they answer a panel, as Plausible's
     // dashboard does (a few indexed reads per view).
     let answered = state
@@ -754,6 +766,23 @@ mod tests {
         );
         assert_eq!(none.change, "");
         assert_eq!(duration(65), "1m 05s");
+    }
+
+    #[test]
+    fn every_unfiltered_question_has_a_stored_month_state() {
+        let zone = crate::core::day::SiteZone::utc();
+        let day = jiff::civil::date(2026, 3, 2);
+        let key = |q: &Query| {
+            let e = crate::core::query::Evaluator::new(q, day, day, &zone).expect("valid");
+            crate::store::rollups::key(&zone, &e)
+        };
+        let stored: std::collections::HashSet<String> =
+            crate::store::rollups::questions().iter().map(key).collect();
+        let asked = questions(&[]);
+        assert_eq!(asked.len(), 2 + panels().len());
+        for q in &asked {
+            assert!(stored.contains(&key(q)), "no stored state answers {q:?}");
+        }
     }
 
     #[test]

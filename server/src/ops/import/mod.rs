@@ -213,7 +213,7 @@ pub const LEASE: Duration = Duration::from_secs(600);
 
 /// After an import of events: seal the finished days of every site as `tally serve` does
 /// (`collect::seal`: a day over for an hour at `now`), so the imported days are answered
-/// from their segments at once. Raw events stay: a serving
+/// from their segments (and month rollups) at once. Raw events stay: a serving
 /// collector removes those past the retention once its own pass has sealed every day (and
 /// [`LEASE`] after the import's last batch). Returns the days sealed.
 pub async fn settle(store: std::sync::Arc<dyn Store>, now: Timestamp) -> anyhow::Result<u64> {
@@ -221,7 +221,9 @@ pub async fn settle(store: std::sync::Arc<dyn Store>, now: Timestamp) -> anyhow:
         sites: store.clone(),
         segments: store,
     };
-    Ok(sealer.pass(now, u64::MAX).await?.sealed)
+    let sealed = sealer.pass(now, u64::MAX).await?.sealed;
+    sealer.roll_up(now).await?;
+    Ok(sealed)
 }
 
 /// Batches records into the store through the low-priority lane.

@@ -29,6 +29,7 @@ mod load;
 mod prune;
 mod read;
 mod report;
+mod rollups;
 mod schema;
 mod segments;
 mod shares;
@@ -389,6 +390,48 @@ impl super::SegmentSource for PgStore {
         let days = (day_num(from), day_num(to));
         retry("imported", || {
             imported::read(self, site.as_str(), table, days, by_day)
+        })
+        .await
+    }
+
+    async fn sealed_through(
+        &self,
+        site: &SiteId,
+        through: Date,
+    ) -> Result<Vec<(Date, i64)>, StoreError> {
+        retry("sealed_through", || {
+            rollups::sealed_through(self, site.as_str(), through)
+        })
+        .await
+    }
+
+    async fn rollup_index(
+        &self,
+        site: &SiteId,
+    ) -> Result<Vec<super::rollups::RollupInfo>, StoreError> {
+        retry("rollup_index", || rollups::index(self, site.as_str())).await
+    }
+
+    async fn rollup_states(
+        &self,
+        site: &SiteId,
+        month: Date,
+        keys: Vec<String>,
+    ) -> Result<Vec<super::rollups::RollupState>, StoreError> {
+        retry("rollup_states", || {
+            rollups::states(self, site.as_str(), month, &keys)
+        })
+        .await
+    }
+
+    async fn put_rollups(
+        &self,
+        site: &SiteId,
+        month: Date,
+        states: Vec<super::rollups::RollupState>,
+    ) -> Result<(), StoreError> {
+        retry("put_rollups", || {
+            rollups::put(self, site.as_str(), month, &states)
         })
         .await
     }

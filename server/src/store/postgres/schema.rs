@@ -159,6 +159,15 @@ CREATE TABLE imported_dims (
     PRIMARY KEY (site, dim, day, value)
 );
 ",
+    // 5: month rollups (`store::rollups`): one question's state over the sealed days of one
+    // local month (`month`: the day number of its first day; `key`: its zone and counting
+    // key; `days`: the sealed days it counted with their versions). Filled by the seal pass.
+    r"
+CREATE TABLE rollups (
+    site BIGINT NOT NULL, month INTEGER NOT NULL, key TEXT NOT NULL, days BYTEA NOT NULL,
+    state BYTEA NOT NULL, PRIMARY KEY (site, month, key)
+);
+",
 ];
 
 /// Create schema `name` unless it exists, under the migration lock (two `CREATE SCHEMA IF NOT

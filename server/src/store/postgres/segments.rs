@@ -21,7 +21,7 @@ use crate::store::{
 /// exclusively, every batch shares it for each day it writes.
 pub(super) const DAY_LOCK: &str = "hashtextextended(current_schema() || ':day:' || ($1::int8)::text || ':' || ($2::int4)::text, 0)";
 
-async fn site_id(client: &impl GenericClient, site: &str) -> Result<Option<i64>, Fail> {
+pub(super) async fn site_id(client: &impl GenericClient, site: &str) -> Result<Option<i64>, Fail> {
     let stmt = client
         .prepare_cached("SELECT id FROM site_keys WHERE name = $1")
         .await?;

@@ -53,6 +53,7 @@ mod lane;
 mod prune;
 mod read;
 mod report;
+mod rollups;
 mod schema;
 mod segments;
 mod shares;
@@ -626,6 +627,54 @@ impl super::SegmentSource for SqliteStore {
         let (site, days) = (site.as_str().to_owned(), (day_num(from), day_num(to)));
         self.read_stats(move |conn| imported::read(conn, &site, table, days, by_day))
             .await
+    }
+
+    async fn sealed_through(
+        &self,
+        site: &SiteId,
+        through: Date,
+    ) -> Result<Vec<(Date, i64)>, StoreError> {
+        let (site, through) = (site.as_str().to_owned(), day_num(through));
+        self.read_stats(move |conn| rollups::sealed_through(conn, &site, through))
+            .await
+    }
+
+    async fn rollup_index(
+        &self,
+        site: &SiteId,
+    ) -> Result<Vec<super::rollups::RollupInfo>, StoreError> {
+        let site = site.as_str().to_owned();
+        self.read_stats(move |conn| rollups::index(conn, &site))
+            .await
+    }
+
+    async fn rollup_states(
+        &self,
+        site: &SiteId,
+        month: Date,
+        keys: Vec<String>,
+    ) -> Result<Vec<super::rollups::RollupState>, StoreError> {
+        let (site, month) = (site.as_str().to_owned(), day_num(month));
+        self.read_stats(move |conn| rollups::states(conn, &site, month, &keys))
+            .await
+    }
+
+    async fn put_rollups(
+        &self,
+        site: &SiteId,
+        month: Date,
+        states: Vec<super::rollups::RollupState>,
+    ) -> Result<(), StoreError> {
+        let (site, month) = (site.as_str().to_owned(), day_num(month));
+        self.write(move |w| {
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            rollups::put(&tx, &site, month, &states)?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
     }
 
     async fn seal_day(

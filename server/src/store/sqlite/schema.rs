@@ -1,9 +1,10 @@
-//! The schema (version 9, in `PRAGMA user_version`) and the migrations from versions 1 to 8.
+//! The schema (version 10, in `PRAGMA user_version`) and the migrations from versions 1 to 9.
 //!
-//! Contract: [`prepare`] leaves the file at version 9 or fails having changed nothing. Before
+//! Contract: [`prepare`] leaves the file at version 10 or fails having changed nothing. Before
 //! it migrates an existing file it copies it beside itself (`<file>.v<N>.bak`, see `backup`).
-//! A fresh file gets the v9 tables. An older file runs every step from its version on, in ONE
+//! A fresh file gets the v10 tables. An older file runs every step from its version on, in ONE
 //! transaction (each step is version N + 1 = version N plus):
+//! - v10: the month rollups (`rollups`, see [`SCHEMA_V10`]), filled by the next seal pass;
 //! - v9: the analytics tables (see [`SCHEMA_V9`]): each event's source and agent tuple and
 //!   engagement, the interned tuples (`dims`), their daily quota, visitor numbers, day
 //!   segments and imported breakdowns (`imported_dims`); events stored before it have no
@@ -33,7 +34,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use super::StoreError;
 
 /// The schema version this code reads and writes.
-pub(super) const VERSION: i64 = 9;
+pub(super) const VERSION: i64 = 10;
 
 /// `day` of all-time rows (real days are days since 1970-01-01, never negative).
 pub(super) const ALL_TIME: i64 = -1;
@@ -248,6 +249,17 @@ CREATE TABLE IF NOT EXISTS imported_dims (
 ) WITHOUT ROWID;
 ";
 
+/// v10: month rollups (`store::rollups`).
+pub(super) const SCHEMA_V10: &str = r"
+-- One question's state over the sealed days of one local month of a site (`store::rollups`):
+-- `month` is the day number of its first day, `key` its zone and counting key, `days` the
+-- sealed days it counted with their versions. Replaced by the seal pass, recounted by verify.
+CREATE TABLE IF NOT EXISTS rollups (
+    site INTEGER NOT NULL, month INTEGER NOT NULL, key TEXT NOT NULL, days BLOB NOT NULL,
+    state BLOB NOT NULL, PRIMARY KEY (site, month, key)
+);
+";
+
 /// A v1 day text (`2026-04-01`, or `*` for all time) as a v2 day number.
 const DAY: &str = "CASE WHEN {d} = '*' THEN -1 ELSE unixepoch({d}) / 86400 END";
 
@@ -256,7 +268,7 @@ fn day(column: &str) -> String {
 }
 
 /// The step from version N to N + 1, for N = 2 up to [`VERSION`] − 1, in order.
-fn steps() -> [String; 7] {
+fn steps() -> [String; 8] {
     [
         SCHEMA_V3.to_owned(),
         SCHEMA_V4.to_owned(),
@@ -265,6 +277,7 @@ fn steps() -> [String; 7] {
         SCHEMA_V7.to_owned(),
         schema_v8(),
         SCHEMA_V9.to_owned(),
+        SCHEMA_V10.to_owned(),
     ]
 }
 

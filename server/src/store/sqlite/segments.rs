@@ -51,7 +51,7 @@ struct RawEvent {
     event: DayEvent,
 }
 
-fn site_id(conn: &Connection, site: &str) -> Result<Option<i64>, StoreError> {
+pub(super) fn site_id(conn: &Connection, site: &str) -> Result<Option<i64>, StoreError> {
     Ok(conn
         .prepare_cached("SELECT id FROM site_keys WHERE name = ?1")?
         .query_row([site], |r| r.get(0))

@@ -1,0 +1,124 @@
+//! Month rollups on PostgreSQL (see [`crate::store::rollups`]): a month's states are
+//! replaced in one transaction, so collectors rolling the same month at once leave one
+//! whole set (the last to commit).
+
+use deadpool_postgres::GenericClient;
+use jiff::civil::Date;
+
+use super::segments::site_id;
+use super::{Fail, PgStore, day_num, num_day};
+use crate::store::StoreError;
+use crate::store::rollups::{RollupInfo, RollupState, decode_days, encode_days};
+
+fn days_of(bytes: &[u8], site: i64, month: i32) -> Result<Vec<(Date, i64)>, Fail> {
+    decode_days(bytes).ok_or_else(|| {
+        Fail::Store(StoreError::Invalid(format!(
+            "the rollup of site {site} month {month} names bad days"
+        )))
+    })
+}
+
+/// The sealed days of `site` up to `through`, with their versions, oldest first.
+pub(super) async fn sealed_through(
+    store: &PgStore,
+    site: &str,
+    through: Date,
+) -> Result<Vec<(Date, i64)>, Fail> {
+    let client = store.client().await?;
+    let Some(site) = site_id(&client, site).await? else {
+        return Ok(Vec::new());
+    };
+    let rows = client
+        .query(
+            "SELECT day, version FROM segments WHERE site = $1 AND day <= $2 ORDER BY day",
+            &[&site, &day_num(through)],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| Ok((num_day(r.get(0)).map_err(Fail::Store)?, r.get(1))))
+        .collect()
+}
+
+/// Every stored state of `site`, without its bytes, by month and key.
+pub(super) async fn index(store: &PgStore, site: &str) -> Result<Vec<RollupInfo>, Fail> {
+    let client = store.client().await?;
+    let Some(site) = site_id(&client, site).await? else {
+        return Ok(Vec::new());
+    };
+    let rows = client
+        .query(
+            "SELECT month, key, days FROM rollups WHERE site = $1 ORDER BY month, key",
+            &[&site],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let month: i32 = r.get(0);
+            Ok(RollupInfo {
+                month: num_day(month).map_err(Fail::Store)?,
+                key: r.get(1),
+                days: days_of(r.get(2), site, month)?,
+            })
+        })
+        .collect()
+}
+
+/// The stored states of `site`'s month `month` named `keys` (those stored).
+pub(super) async fn states(
+    store: &PgStore,
+    site: &str,
+    month: Date,
+    keys: &[String],
+) -> Result<Vec<RollupState>, Fail> {
+    let client = store.client().await?;
+    let Some(site) = site_id(&client, site).await? else {
+        return Ok(Vec::new());
+    };
+    let month = day_num(month);
+    let rows = client
+        .query(
+            "SELECT key, days, state FROM rollups WHERE site = $1 AND month = $2 \
+             AND key = ANY($3::text[])",
+            &[&site, &month, &keys],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(RollupState {
+                key: r.get(0),
+                days: days_of(r.get(1), site, month)?,
+                state: r.get(2),
+            })
+        })
+        .collect()
+}
+
+/// Replace every stored state of `site`'s month `month` by `states`, in one transaction. A
+/// site without a stored id stores nothing.
+pub(super) async fn put(
+    store: &PgStore,
+    site: &str,
+    month: Date,
+    states: &[RollupState],
+) -> Result<(), Fail> {
+    let mut client = store.client().await?;
+    let tx = client.transaction().await?;
+    let Some(site) = site_id(&tx, site).await? else {
+        return Ok(());
+    };
+    let month = day_num(month);
+    tx.execute(
+        "DELETE FROM rollups WHERE site = $1 AND month = $2",
+        &[&site, &month],
+    )
+    .await?;
+    for s in states {
+        tx.execute(
+            "INSERT INTO rollups (site, month, key, days, state) VALUES ($1, $2, $3, $4, $5)",
+            &[&site, &month, &s.key, &encode_days(&s.days), &s.state],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

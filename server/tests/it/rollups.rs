@@ -1,0 +1,219 @@
+//! Month rollups (`store::rollups`) on every backend: a year read from stored month states
+//! answers exactly as counting its days, a write to a sealed day is never hidden by a stored
+//! state, a seal pass rolls only the months that changed, and verify finds and repairs a
+//! state that differs from a recount. Run on every backend by `segment_store`'s checks.
+
+use std::sync::Arc;
+
+use jiff::civil::{Date, date};
+use tally::core::day::SiteZone;
+use tally::core::query::{Answer, Dimension, Metric, Query};
+use tally::core::site::Site;
+use tally::store::Store;
+use tally::store::analytics::Analytics;
+use tally::store::rollups;
+
+use crate::segment_store::{D1, D2, engagement, morning_views, seal, site, view};
+use crate::store_conformance::Harness;
+
+const F1: Date = date(2026, 2, 10);
+const F2: Date = date(2026, 2, 20);
+
+/// The stored questions, with every metric their sums give (one counting key each).
+fn questions() -> Vec<Query> {
+    rollups::questions()
+        .into_iter()
+        .map(|mut q| {
+            q.limit = 100;
+            if q.dimensions.is_empty() {
+                // Visitors, visits, page views, views per visit, bounce rate, duration.
+                q.metrics = Metric::ALL[..6].to_vec();
+            }
+            if q.dimensions == [Dimension::Page] {
+                q.metrics.push(Metric::ScrollDepth);
+            }
+            q
+        })
+        .collect()
+}
+
+async fn answers(store: &Arc<dyn Store>, from: Date, to: Date) -> (Vec<Answer>, u64) {
+    let analytics = Analytics::new(store.clone(), 64 << 20);
+    let a = analytics
+        .answer(&site(), &SiteZone::utc(), from, to, &questions())
+        .await
+        .expect("answers");
+    (a, analytics.days_counted())
+}
+
+pub(crate) async fn month_rollups_answer_exactly_and_never_go_stale(db: &impl Harness) {
+    let store: Arc<dyn Store> = db.handle(None);
+    let zone = SiteZone::utc();
+    // Visitor 1 comes back in both months (a year's visitors are a union, not a sum).
+    let mut records = morning_views(&[
+        (1, 1, F1, "/a"),
+        (2, 2, F1, "/b"),
+        (3, 1, F2, "/a"),
+        (4, 3, F2, "/c"),
+        (5, 1, D1, "/a"),
+        (6, 4, D1, "/b"),
+        (7, 2, D2, "/c"),
+    ]);
+    // A second page view in visitor 1's visit of D1, and engagement for it.
+    let second = view(
+        8,
+        1,
+        "/b",
+        &format!("{D1}T10:09:00Z"),
+        ("", "Direct", "Firefox"),
+    );
+    records.push(engagement(&second, 30_000, Some(80)));
+    records.push(second);
+    store.commit(records).await.expect("commit");
+    for day in [F1, F2, D1, D2] {
+        seal(&*store, day).await;
+    }
+    let (from, to) = (date(2026, 2, 1), date(2026, 3, 31));
+    let (counted, days) = answers(&store, from, to).await;
+    assert_eq!(
+        days,
+        4 * questions().len() as u64,
+        "no rollup yet: every day counted"
+    );
+    assert_eq!(
+        counted[0].rows[0].metrics[..3],
+        [
+            tally::core::query::Value::Int(4),
+            tally::core::query::Value::Int(7),
+            tally::core::query::Value::Int(8)
+        ],
+        "4 visitors, 7 visits, 8 page views"
+    );
+
+    let roller = Analytics::new(store.clone(), 0);
+    assert_eq!(roller.roll_up(&site(), &zone, D2).await.expect("roll"), 2);
+    assert_eq!(
+        roller.roll_up(&site(), &zone, D2).await.expect("roll"),
+        0,
+        "months already current are not counted again"
+    );
+    let (rolled, days) = answers(&store, from, to).await;
+    assert_eq!(days, 0, "both months read from their stored states");
+    assert_eq!(rolled, counted);
+
+    // A late view of a sealed day unseals it: March's state no longer names its days.
+    store
+        .commit(morning_views(&[(9, 5, D1, "/d")]))
+        .await
+        .expect("late view");
+    let (late, days) = answers(&store, from, to).await;
+    assert_eq!(
+        days,
+        questions().len() as u64,
+        "February from its state, March's sealed D2 counted (D1 is open)"
+    );
+    assert_eq!(
+        late[0].rows[0].metrics[..3],
+        [
+            tally::core::query::Value::Int(5),
+            tally::core::query::Value::Int(8),
+            tally::core::query::Value::Int(9)
+        ],
+        "the late view is in the answer"
+    );
+    seal(&*store, D1).await;
+    assert_eq!(
+        roller.roll_up(&site(), &zone, D2).await.expect("roll"),
+        1,
+        "only March is rolled again"
+    );
+    let (again, days) = answers(&store, from, to).await;
+    assert_eq!(days, 0);
+    assert_eq!(again, late);
+
+    // A range that starts inside February reads February's days, March's state.
+    let (part, days) = answers(&store, date(2026, 2, 15), to).await;
+    assert_eq!(days, questions().len() as u64, "F2 only");
+    assert_eq!(
+        part[0].rows[0].metrics[0],
+        tally::core::query::Value::Int(5),
+        "visitors 1 to 5 (3 on F2, 1, 2, 4, 5 in March)"
+    );
+}
+
+pub(crate) async fn verify_recounts_rollups_and_repairs_them(db: &impl Harness) {
+    let store: Arc<dyn Store> = db.handle(None);
+    let zone = SiteZone::utc();
+    store
+        .commit(morning_views(&[(1, 1, F1, "/a"), (2, 2, F2, "/b")]))
+        .await
+        .expect("commit");
+    for day in [F1, F2] {
+        seal(&*store, day).await;
+    }
+    let analytics = Analytics::new(store.clone(), 0);
+    assert_eq!(
+        analytics.roll_up(&site(), &zone, F2).await.expect("roll"),
+        1
+    );
+    let sites = [Site {
+        id: site(),
+        origins: vec!["*".into()],
+        zone: zone.clone(),
+        public: false,
+        ingest_key: None,
+    }];
+    let clean = analytics
+        .verify_rollups(&sites, false)
+        .await
+        .expect("verify");
+    assert_eq!(clean.checked, questions().len() as u64);
+    assert!(clean.drift.is_empty(), "{:?}", clean.drift);
+
+    // February's states counted over F1 alone, stored as if over both days.
+    let feb = date(2026, 2, 1);
+    let days = store.sealed_through(&site(), F2).await.expect("days");
+    let mut wrong = analytics
+        .count_month(&site(), &zone, feb, &days[..1])
+        .await
+        .expect("count")
+        .expect("unchanged");
+    for s in &mut wrong {
+        s.days = days.clone();
+    }
+    store
+        .put_rollups(&site(), feb, wrong)
+        .await
+        .expect("tamper");
+    let found = analytics
+        .verify_rollups(&sites, false)
+        .await
+        .expect("verify");
+    assert!(!found.repaired);
+    assert!(
+        found.drift.iter().any(|d| d.key == "s/rollup/2026-02-01/0"),
+        "the totals' state differs: {:?}",
+        found.drift
+    );
+    // The stored state is what a read uses: it answers the tampered numbers.
+    let (read, _) = answers(&store, feb, date(2026, 2, 28)).await;
+    assert_eq!(
+        read[0].rows[0].metrics[0],
+        tally::core::query::Value::Int(1)
+    );
+    let repaired = analytics
+        .verify_rollups(&sites, true)
+        .await
+        .expect("repair");
+    assert!(repaired.repaired);
+    let after = analytics
+        .verify_rollups(&sites, false)
+        .await
+        .expect("verify");
+    assert!(after.drift.is_empty(), "{:?}", after.drift);
+    let (read, _) = answers(&store, feb, date(2026, 2, 28)).await;
+    assert_eq!(
+        read[0].rows[0].metrics[0],
+        tally::core::query::Value::Int(2)
+    );
+}
