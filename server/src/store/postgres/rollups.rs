@@ -1,6 +1,6 @@
 //! Month rollups on PostgreSQL (see [`crate::store::rollups`]): a month's states are
-//! replaced in one transaction, so collectors rolling the same month at once leave one
-//! whole set (the last to commit).
+//! replaced in one transaction (upserts, so collectors rolling the same month at once never
+//! collide on a key), leaving one whole set: the last to commit.
 
 use deadpool_postgres::GenericClient;
 use jiff::civil::Date;
@@ -107,14 +107,19 @@ pub(super) async fn put(
         return Ok(());
     };
     let month = day_num(month);
+    // Upserts, not a delete and inserts: two collectors replacing one month at once would
+    // otherwise both insert the same keys.
+    let keys: Vec<&str> = states.iter().map(|s| s.key.as_str()).collect();
     tx.execute(
-        "DELETE FROM rollups WHERE site = $1 AND month = $2",
-        &[&site, &month],
+        "DELETE FROM rollups WHERE site = $1 AND month = $2 AND NOT (key = ANY($3::text[]))",
+        &[&site, &month, &keys],
     )
     .await?;
     for s in states {
         tx.execute(
-            "INSERT INTO rollups (site, month, key, days, state) VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO rollups (site, month, key, days, state) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (site, month, key) DO UPDATE SET days = excluded.days, \
+             state = excluded.state",
             &[&site, &month, &s.key, &encode_days(&s.days), &s.state],
         )
         .await?;
