@@ -104,7 +104,13 @@ impl Sealer {
             let Some(through) = sealable_through(&site.zone, now) else {
                 continue;
             };
-            rolled += analytics.roll_up(&site.id, &site.zone, through).await?;
+            // One site's failure leaves the others' rollups to be done.
+            match analytics.roll_up(&site.id, &site.zone, through).await {
+                Ok(n) => rolled += n,
+                Err(e) => {
+                    tracing::warn!(site = %site.id, error = %e, "rolling up a site's months failed; will retry")
+                }
+            }
         }
         Ok(rolled)
     }

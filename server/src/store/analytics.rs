@@ -860,6 +860,11 @@ impl Analytics {
             .iter()
             .map(|q| Evaluator::new(q, from, to, zone).map(|e| rollups::key(zone, &e)))
             .collect::<Result<Vec<_>, _>>()?;
+        // A question no rollup answers (a filter, another kind of sums) reads nothing more.
+        let rolled = rollups::keys(zone)?;
+        if !keys.iter().all(|k| rolled.contains(k)) {
+            return Ok(None);
+        }
         let mut by_month: std::collections::BTreeMap<Date, Vec<(Date, i64)>> = Default::default();
         for d in sealed {
             by_month.entry(rollups::month_of(d.0)).or_default().push(*d);
@@ -872,7 +877,7 @@ impl Analytics {
                 lacking.extend(days);
                 continue;
             }
-            let mut stored: HashMap<String, rollups::RollupState> = self
+            let stored: HashMap<String, rollups::RollupState> = self
                 .source
                 .rollup_states(site, month, keys.clone())
                 .await?
@@ -882,28 +887,39 @@ impl Analytics {
                 .collect();
             let Some(states) = keys
                 .iter()
-                .map(|k| stored.remove(k).map(|s| s.state))
+                .map(|k| stored.get(k).map(|s| s.state.clone()))
                 .collect::<Option<Vec<Vec<u8>>>>()
             else {
                 lacking.extend(days);
                 continue;
             };
             let (asked, zone) = (Arc::clone(&queries), zone.clone());
-            let mut prior = bases.take();
-            let merged = yielding(move || {
-                let mut out = Vec::with_capacity(states.len());
-                for (i, (q, bytes)) in asked.iter().zip(states).enumerate() {
-                    let e = Evaluator::load(q, from, to, &zone, &bytes)?;
-                    match prior.as_mut().and_then(|p| p.get_mut(i)) {
-                        Some(p) => p.merge(e),
-                        None => out.push(e),
+            let prior = bases.take();
+            // All of the month's states loaded before any is merged: one that cannot be read
+            // leaves the month to be counted (and `roll_up` replaces it), never half merged.
+            let (merged, refused) = yielding(move || {
+                let loaded: Result<Vec<Evaluator>, query::StateError> = asked
+                    .iter()
+                    .zip(&states)
+                    .map(|(q, bytes)| Evaluator::load(q, from, to, &zone, bytes))
+                    .collect();
+                match (loaded, prior) {
+                    (Ok(loaded), None) => (Some(loaded), None),
+                    (Ok(loaded), Some(mut prior)) => {
+                        for (p, e) in prior.iter_mut().zip(loaded) {
+                            p.merge(e);
+                        }
+                        (Some(prior), None)
                     }
+                    (Err(e), prior) => (prior, Some(e)),
                 }
-                Ok::<_, query::StateError>(prior.unwrap_or(out))
             })
-            .await?
-            .map_err(|e| StoreError::Invalid(format!("month {month} of {site}: {e}")))?;
-            bases = Some(merged);
+            .await?;
+            bases = merged;
+            if let Some(e) = refused {
+                tracing::warn!(site = %site, %month, error = %e, "a stored month state was refused; counting its days");
+                lacking.extend(days);
+            }
         }
         Ok(bases.map(|b| (b, lacking)))
     }
@@ -931,10 +947,7 @@ impl Analytics {
         for d in sealed {
             by_month.entry(rollups::month_of(d.0)).or_default().push(d);
         }
-        let keys = rollups::questions()
-            .iter()
-            .map(|q| Evaluator::new(q, through, through, zone).map(|e| rollups::key(zone, &e)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let keys = rollups::keys(zone)?;
         let mut rolled = 0;
         for (month, days) in by_month {
             let current = stored.get(&month).is_some_and(|have| {
@@ -946,8 +959,9 @@ impl Analytics {
             let Some(states) = self.count_month(site, zone, month, &days).await? else {
                 continue;
             };
-            self.source.put_rollups(site, month, states).await?;
-            rolled += 1;
+            if self.source.put_rollups(site, month, states).await? {
+                rolled += 1;
+            }
         }
         Ok(rolled)
     }
@@ -1052,8 +1066,9 @@ impl Analytics {
                         });
                     }
                 }
-                if drifted && repair {
-                    self.source.put_rollups(&site.id, month, fresh).await?;
+                // Stored only if the month's sealed days are still those recounted (a pass
+                // may have rolled it anew meanwhile).
+                if drifted && repair && self.source.put_rollups(&site.id, month, fresh).await? {
                     report.repaired = true;
                 }
             }

@@ -457,13 +457,16 @@ pub trait SegmentSource: Send + Sync {
         keys: Vec<String>,
     ) -> Result<Vec<rollups::RollupState>, StoreError>;
 
-    /// Replace every stored state of `site`'s month `month` by `states`, in one transaction.
+    /// Replace every stored state of `site`'s month `month` by `states` (each over the same
+    /// sealed days), in one transaction, only if the month's sealed days and versions are
+    /// still those days: a state counted before a newer seal never replaces one rolled
+    /// after it. Whether they were stored.
     async fn put_rollups(
         &self,
         site: &SiteId,
         month: Date,
         states: Vec<rollups::RollupState>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<bool, StoreError>;
 
     /// The imported rows of `table` of `site` over the local days `from..=to`
     /// ([`imported`]): one per day and value in (day, value) order, or with `by_day` false

@@ -14,8 +14,11 @@
 //!   or source are the union of twelve sets, as exact as counting the days.
 //! - **Written after the seal.** The seal pass (`collect::seal`) rolls each month whose
 //!   sealed days differ from its stored state's (a newly sealed day, a day sealed again, a
-//!   question added by an upgrade): it counts the month's sealed days again and replaces the
-//!   month's states in one transaction. Until then reads count those days, as before.
+//!   question or [`VERSION`] added by an upgrade): it counts the month's sealed days again
+//!   and replaces the month's states in one transaction, only while the month's sealed days
+//!   are still those it counted (an older count never replaces a newer one). Until then
+//!   reads count those days, as before. A stored state that cannot be read is refused
+//!   ([`Evaluator::load`]) and its month counted.
 //! - **Recounted.** `tally verify` counts every stored state again from the stored day
 //!   segments at the versions it names (which verify recounts from raw events) and reports a
 //!   state that differs; `--repair` replaces it. A state over days that changed since is not
@@ -115,9 +118,25 @@ pub fn questions() -> Vec<Query> {
     out
 }
 
-/// What names a stored state: the site's zone and how its question counts.
+/// The version of how states are counted and stored: raise it with any change to what a
+/// question's state holds (a metric's definition, the visit rules, [`Evaluator::save`]'s
+/// format), so every stored state of an older version is counted again by the next pass
+/// instead of being merged with newer ones.
+pub const VERSION: u32 = 1;
+
+/// What names a stored state: the rollup version, the site's zone and how its question
+/// counts.
 pub fn key(zone: &SiteZone, e: &Evaluator) -> String {
-    format!("{}\u{1f}{}", zone.name(), e.counting_key())
+    format!("v{VERSION}\u{1f}{}\u{1f}{}", zone.name(), e.counting_key())
+}
+
+/// The keys of every question of [`questions`] in `zone`.
+pub fn keys(zone: &SiteZone) -> Result<Vec<String>, crate::core::query::Invalid> {
+    let day = Date::constant(2000, 1, 1);
+    questions()
+        .iter()
+        .map(|q| Evaluator::new(q, day, day, zone).map(|e| key(zone, &e)))
+        .collect()
 }
 
 /// Whether a question's state over a month can stand for those days in a longer range: its
@@ -147,6 +166,19 @@ pub fn encode_days(days: &[(Date, i64)]) -> Vec<u8> {
         out.extend_from_slice(&v.to_le_bytes());
     }
     out
+}
+
+/// A stored row's days (`site` and `month` as stored, for the log); a row whose days cannot
+/// be read names none, so no read matches it and the next pass replaces it.
+pub fn stored_days(bytes: &[u8], site: i64, month: i64) -> Vec<(Date, i64)> {
+    decode_days(bytes).unwrap_or_else(|| {
+        tracing::warn!(
+            site,
+            month,
+            "a stored month state names bad days; it is rolled again"
+        );
+        Vec::new()
+    })
 }
 
 /// [`encode_days`]' bytes as days; `None` when they are not.

@@ -181,10 +181,12 @@ pub(crate) async fn verify_recounts_rollups_and_repairs_them(db: &impl Harness) 
     for s in &mut wrong {
         s.days = days.clone();
     }
-    store
-        .put_rollups(&site(), feb, wrong)
-        .await
-        .expect("tamper");
+    assert!(
+        store
+            .put_rollups(&site(), feb, wrong.clone())
+            .await
+            .expect("tamper")
+    );
     let found = analytics
         .verify_rollups(&sites, false)
         .await
@@ -215,5 +217,43 @@ pub(crate) async fn verify_recounts_rollups_and_repairs_them(db: &impl Harness) 
     assert_eq!(
         read[0].rows[0].metrics[0],
         tally::core::query::Value::Int(2)
+    );
+
+    // Bytes that are no state: reads count the month's days instead, verify reports it.
+    for s in &mut wrong {
+        s.state = b"not a state".to_vec();
+    }
+    assert!(
+        store
+            .put_rollups(&site(), feb, wrong.clone())
+            .await
+            .expect("tamper")
+    );
+    let (read, days) = answers(&store, feb, date(2026, 2, 28)).await;
+    assert_eq!(
+        read[0].rows[0].metrics[0],
+        tally::core::query::Value::Int(2)
+    );
+    assert_eq!(days, 2 * questions().len() as u64, "F1 and F2 counted");
+    let found = analytics
+        .verify_rollups(&sites, false)
+        .await
+        .expect("verify");
+    assert_eq!(found.drift.len(), questions().len(), "{:?}", found.drift);
+
+    // A state counted before a newer seal never replaces the month: a late view unseals F2.
+    store
+        .commit(morning_views(&[(3, 3, F2, "/c")]))
+        .await
+        .expect("late view");
+    for s in &mut wrong {
+        s.state = b"counted before".to_vec();
+    }
+    assert!(
+        !store
+            .put_rollups(&site(), feb, wrong)
+            .await
+            .expect("refused"),
+        "F2 is no longer sealed at the version the states name"
     );
 }

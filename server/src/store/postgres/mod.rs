@@ -429,7 +429,7 @@ impl super::SegmentSource for PgStore {
         site: &SiteId,
         month: Date,
         states: Vec<super::rollups::RollupState>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         retry("put_rollups", || {
             rollups::put(self, site.as_str(), month, &states)
         })

@@ -7,16 +7,7 @@ use jiff::civil::Date;
 
 use super::segments::site_id;
 use super::{Fail, PgStore, day_num, num_day};
-use crate::store::StoreError;
-use crate::store::rollups::{RollupInfo, RollupState, decode_days, encode_days};
-
-fn days_of(bytes: &[u8], site: i64, month: i32) -> Result<Vec<(Date, i64)>, Fail> {
-    decode_days(bytes).ok_or_else(|| {
-        Fail::Store(StoreError::Invalid(format!(
-            "the rollup of site {site} month {month} names bad days"
-        )))
-    })
-}
+use crate::store::rollups::{RollupInfo, RollupState, encode_days, stored_days};
 
 /// The sealed days of `site` up to `through`, with their versions, oldest first.
 pub(super) async fn sealed_through(
@@ -57,7 +48,7 @@ pub(super) async fn index(store: &PgStore, site: &str) -> Result<Vec<RollupInfo>
             Ok(RollupInfo {
                 month: num_day(month).map_err(Fail::Store)?,
                 key: r.get(1),
-                days: days_of(r.get(2), site, month)?,
+                days: stored_days(r.get(2), site, i64::from(month)),
             })
         })
         .collect()
@@ -86,33 +77,47 @@ pub(super) async fn states(
         .map(|r| {
             Ok(RollupState {
                 key: r.get(0),
-                days: days_of(r.get(1), site, month)?,
+                days: stored_days(r.get(1), site, i64::from(month)),
                 state: r.get(2),
             })
         })
         .collect()
 }
 
-/// Replace every stored state of `site`'s month `month` by `states`, in one transaction. A
+/// Replace every stored state of `site`'s month `month` by `states`, in one transaction,
+/// if the month's sealed days are still the days they counted; whether they were stored. A
 /// site without a stored id stores nothing.
 pub(super) async fn put(
     store: &PgStore,
     site: &str,
     month: Date,
     states: &[RollupState],
-) -> Result<(), Fail> {
+) -> Result<bool, Fail> {
     let mut client = store.client().await?;
     let tx = client.transaction().await?;
     let Some(site) = site_id(&tx, site).await? else {
-        return Ok(());
+        return Ok(false);
     };
-    let month = day_num(month);
+    let (first, last) = (day_num(month), day_num(month.last_of_month()));
+    let sealed = tx
+        .query(
+            "SELECT day, version FROM segments WHERE site = $1 AND day BETWEEN $2 AND $3 \
+             ORDER BY day",
+            &[&site, &first, &last],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok((num_day(r.get(0)).map_err(Fail::Store)?, r.get::<_, i64>(1))))
+        .collect::<Result<Vec<_>, Fail>>()?;
+    if states.iter().any(|s| s.days != sealed) {
+        return Ok(false);
+    }
     // Upserts, not a delete and inserts: two collectors replacing one month at once would
     // otherwise both insert the same keys.
     let keys: Vec<&str> = states.iter().map(|s| s.key.as_str()).collect();
     tx.execute(
         "DELETE FROM rollups WHERE site = $1 AND month = $2 AND NOT (key = ANY($3::text[]))",
-        &[&site, &month, &keys],
+        &[&site, &first, &keys],
     )
     .await?;
     for s in states {
@@ -120,10 +125,10 @@ pub(super) async fn put(
             "INSERT INTO rollups (site, month, key, days, state) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (site, month, key) DO UPDATE SET days = excluded.days, \
              state = excluded.state",
-            &[&site, &month, &s.key, &encode_days(&s.days), &s.state],
+            &[&site, &first, &s.key, &encode_days(&s.days), &s.state],
         )
         .await?;
     }
     tx.commit().await?;
-    Ok(())
+    Ok(true)
 }

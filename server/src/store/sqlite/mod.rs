@@ -664,15 +664,16 @@ impl super::SegmentSource for SqliteStore {
         site: &SiteId,
         month: Date,
         states: Vec<super::rollups::RollupState>,
-    ) -> Result<(), StoreError> {
-        let (site, month) = (site.as_str().to_owned(), day_num(month));
+    ) -> Result<bool, StoreError> {
+        let site = site.as_str().to_owned();
+        let days = (day_num(month), day_num(super::rollups::month_end(month)));
         self.write(move |w| {
             let tx = w
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            rollups::put(&tx, &site, month, &states)?;
+            let stored = rollups::put(&tx, &site, days, &states)?;
             tx.commit()?;
-            Ok(())
+            Ok(stored)
         })
         .await
     }

@@ -2,15 +2,7 @@
 //! the segments, replaced a month at a time in one write transaction.
 
 use super::*;
-use crate::store::rollups::{RollupInfo, RollupState, decode_days, encode_days};
-
-fn days_of(bytes: &[u8], site: i64, month: i64) -> Result<Vec<(Date, i64)>, StoreError> {
-    decode_days(bytes).ok_or_else(|| {
-        StoreError::Invalid(format!(
-            "the rollup of site {site} month {month} names bad days"
-        ))
-    })
-}
+use crate::store::rollups::{RollupInfo, RollupState, encode_days, stored_days};
 
 /// The sealed days of `site` up to `through`, with their versions, oldest first.
 pub(super) fn sealed_through(
@@ -18,13 +10,23 @@ pub(super) fn sealed_through(
     site: &str,
     through: i64,
 ) -> Result<Vec<(Date, i64)>, StoreError> {
-    let Some(site) = segments::site_id(conn, site)? else {
-        return Ok(Vec::new());
-    };
+    match segments::site_id(conn, site)? {
+        Some(site) => sealed_in(conn, site, (i64::MIN, through)),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// The sealed days of site id `site` in `first..=last` (day numbers), oldest first.
+fn sealed_in(
+    conn: &Connection,
+    site: i64,
+    (first, last): (i64, i64),
+) -> Result<Vec<(Date, i64)>, StoreError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT day, version FROM segments WHERE site = ?1 AND day <= ?2 ORDER BY day",
+        "SELECT day, version FROM segments WHERE site = ?1 AND day BETWEEN ?2 AND ?3 \
+         ORDER BY day",
     )?;
-    let mut rows = stmt.query(params![site, through])?;
+    let mut rows = stmt.query(params![site, first, last])?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
         out.push((num_day(row.get(0)?)?, row.get(1)?));
@@ -48,7 +50,7 @@ pub(super) fn index(conn: &Connection, site: &str) -> Result<Vec<RollupInfo>, St
         out.push(RollupInfo {
             month: num_day(month)?,
             key: row.get(1)?,
-            days: days_of(&days, site, month)?,
+            days: stored_days(&days, site, month),
         });
     }
     Ok(out)
@@ -75,7 +77,7 @@ pub(super) fn states(
         if let Some((days, state)) = row {
             out.push(RollupState {
                 key: key.clone(),
-                days: days_of(&days, site, month)?,
+                days: stored_days(&days, site, month),
                 state,
             });
         }
@@ -83,17 +85,22 @@ pub(super) fn states(
     Ok(out)
 }
 
-/// In a write transaction: replace every stored state of `site`'s month `month` by
-/// `states`. A site without a stored id stores nothing.
+/// In a write transaction: replace every stored state of `site`'s month (its first and
+/// last day numbers) by `states`, if the month's sealed days are still the days they
+/// counted; whether they were stored. A site without a stored id stores nothing.
 pub(super) fn put(
     tx: &Connection,
     site: &str,
-    month: i64,
+    (month, last): (i64, i64),
     states: &[RollupState],
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     let Some(site) = segments::site_id(tx, site)? else {
-        return Ok(());
+        return Ok(false);
     };
+    let sealed = sealed_in(tx, site, (month, last))?;
+    if states.iter().any(|s| s.days != sealed) {
+        return Ok(false);
+    }
     tx.prepare_cached("DELETE FROM rollups WHERE site = ?1 AND month = ?2")?
         .execute(params![site, month])?;
     let mut insert = tx.prepare_cached(
@@ -102,5 +109,5 @@ pub(super) fn put(
     for s in states {
         insert.execute(params![site, month, s.key, encode_days(&s.days), s.state])?;
     }
-    Ok(())
+    Ok(true)
 }
