@@ -756,7 +756,10 @@ impl Analytics {
             let (grown, lacking) = match lacking {
                 Some(l) => (grown, Some(l)),
                 None => {
-                    let asked: Vec<Query> = missed.iter().map(|&i| queries[i].clone()).collect();
+                    let asked: Vec<(Query, String)> = missed
+                        .iter()
+                        .map(|&i| (queries[i].clone(), rollups::key(zone, &evaluators[i])))
+                        .collect();
                     match self
                         .stored_months(site, zone, (from, to), &index.sealed, asked)
                         .await?
@@ -840,9 +843,9 @@ impl Analytics {
         Ok(Ok(answers))
     }
 
-    /// The states of `queries` over the days `range` of `site` that stored month states
-    /// ([`rollups`]) give, merged, and the days of `sealed` (the range's sealed days) they
-    /// leave to count. A month is used only when every question has a state of it over
+    /// The states of the `asked` questions (each with its [`rollups::key`]) over the days
+    /// `range` of `site` that stored month states ([`rollups`]) give, merged, and the days
+    /// of `sealed` (the range's sealed days) they leave to count. A month is used only when every question has a state of it over
     /// exactly the range's sealed days of that month, at their versions; a month the range
     /// starts inside is not read. `None` when no month is used.
     async fn stored_months(
@@ -851,25 +854,22 @@ impl Analytics {
         zone: &SiteZone,
         (from, to): (Date, Date),
         sealed: &[(Date, i64)],
-        queries: Vec<Query>,
+        asked: Vec<(Query, String)>,
     ) -> Result<Option<(Vec<Evaluator>, Vec<(Date, i64)>)>, AnalyticsError> {
-        if queries.is_empty() || !queries.iter().all(rollups::rollable) {
+        if asked.is_empty() || !asked.iter().all(|(q, _)| rollups::rollable(q)) {
             return Ok(None);
         }
-        let keys = queries
-            .iter()
-            .map(|q| Evaluator::new(q, from, to, zone).map(|e| rollups::key(zone, &e)))
-            .collect::<Result<Vec<_>, _>>()?;
         // A question no rollup answers (a filter, another kind of sums) reads nothing more.
         let rolled = rollups::keys(zone)?;
-        if !keys.iter().all(|k| rolled.contains(k)) {
+        if !asked.iter().all(|(_, k)| rolled.contains(k)) {
             return Ok(None);
         }
+        let keys: Vec<String> = asked.iter().map(|(_, k)| k.clone()).collect();
         let mut by_month: std::collections::BTreeMap<Date, Vec<(Date, i64)>> = Default::default();
         for d in sealed {
             by_month.entry(rollups::month_of(d.0)).or_default().push(*d);
         }
-        let queries = Arc::new(queries);
+        let asked = Arc::new(asked);
         let mut bases: Option<Vec<Evaluator>> = None;
         let mut lacking = Vec::new();
         for (month, days) in by_month {
@@ -885,23 +885,19 @@ impl Analytics {
                 .filter(|s| s.days == days)
                 .map(|s| (s.key.clone(), s))
                 .collect();
-            let Some(states) = keys
-                .iter()
-                .map(|k| stored.get(k).map(|s| s.state.clone()))
-                .collect::<Option<Vec<Vec<u8>>>>()
-            else {
+            if !keys.iter().all(|k| stored.contains_key(k)) {
                 lacking.extend(days);
                 continue;
-            };
-            let (asked, zone) = (Arc::clone(&queries), zone.clone());
+            }
+            let (asked, zone) = (Arc::clone(&asked), zone.clone());
             let prior = bases.take();
             // All of the month's states loaded before any is merged: one that cannot be read
-            // leaves the month to be counted (and `roll_up` replaces it), never half merged.
+            // leaves the month to be counted (until `verify --repair` replaces it), never
+            // half merged.
             let (merged, refused) = yielding(move || {
                 let loaded: Result<Vec<Evaluator>, query::StateError> = asked
                     .iter()
-                    .zip(&states)
-                    .map(|(q, bytes)| Evaluator::load(q, from, to, &zone, bytes))
+                    .map(|(q, k)| Evaluator::load(q, from, to, &zone, &stored[k].state))
                     .collect();
                 match (loaded, prior) {
                     (Ok(loaded), None) => (Some(loaded), None),
@@ -1037,21 +1033,21 @@ impl Analytics {
                 let stored = self.source.rollup_states(&site.id, month, keys).await?;
                 let (zone, to) = (site.zone.clone(), rollups::month_end(month));
                 let asked = questions.clone();
-                let fresh_states = fresh.clone();
-                let checks = yielding(move || {
-                    stored
+                let (checks, fresh) = yielding(move || {
+                    let checks = stored
                         .into_iter()
                         .filter(|s| s.days == days)
                         .filter_map(|s| {
-                            let i = fresh_states.iter().position(|f| f.key == s.key)?;
+                            let i = fresh.iter().position(|f| f.key == s.key)?;
                             let load = |bytes: &[u8]| {
                                 Evaluator::load(&asked[i], month, to, &zone, bytes).ok()
                             };
-                            let mut recount = load(&fresh_states[i].state)?;
+                            let mut recount = load(&fresh[i].state)?;
                             let same = load(&s.state).is_some_and(|mut e| e.same_as(&mut recount));
-                            Some((i, same, s.state.len(), fresh_states[i].state.len()))
+                            Some((i, same, s.state.len(), fresh[i].state.len()))
                         })
-                        .collect::<Vec<_>>()
+                        .collect::<Vec<_>>();
+                    (checks, fresh)
                 })
                 .await?;
                 let mut drifted = false;

@@ -70,42 +70,35 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A row's sums with its last visit closed, in stored order.
-fn sums(a: &Acc) -> [u64; 13] {
-    let open_scroll = u64::from(a.visit_scroll > 0);
+/// A row's sums, in stored order.
+fn fields(a: &mut Acc) -> [&mut u64; 13] {
     [
-        a.events,
-        a.pageviews,
-        a.visits,
-        a.counted_visitors,
-        a.whole_visits,
-        a.duration_s,
-        a.whole_pageviews,
-        a.bounce_visits,
-        a.bounces,
-        a.engaged_ms + a.visit_engaged_ms,
-        a.engaged_visits + u64::from(a.visit_engaged_ms > 0),
-        a.scroll_sum + u64::from(a.visit_scroll.saturating_sub(1)) * open_scroll,
-        a.scroll_visits + open_scroll,
+        &mut a.events,
+        &mut a.pageviews,
+        &mut a.visits,
+        &mut a.counted_visitors,
+        &mut a.whole_visits,
+        &mut a.duration_s,
+        &mut a.whole_pageviews,
+        &mut a.bounce_visits,
+        &mut a.bounces,
+        &mut a.engaged_ms,
+        &mut a.engaged_visits,
+        &mut a.scroll_sum,
+        &mut a.scroll_visits,
     ]
 }
 
-fn set_sums(a: &mut Acc, s: [u64; 13]) {
-    [
-        a.events,
-        a.pageviews,
-        a.visits,
-        a.counted_visitors,
-        a.whole_visits,
-        a.duration_s,
-        a.whole_pageviews,
-        a.bounce_visits,
-        a.bounces,
-        a.engaged_ms,
-        a.engaged_visits,
-        a.scroll_sum,
-        a.scroll_visits,
-    ] = s;
+/// A row's sums with its last visit closed ([`Acc::close_visit`] of a copy), in stored order.
+fn sums(a: &Acc) -> [u64; 13] {
+    let mut closed = Acc {
+        visit_engaged_ms: a.visit_engaged_ms,
+        visit_scroll: a.visit_scroll,
+        ..Acc::default()
+    };
+    closed.add_sums(a);
+    closed.close_visit();
+    fields(&mut closed).map(|f| *f)
 }
 
 /// Whether two sets hold the same numbers (roaring's own equality tells containers of one
@@ -193,7 +186,9 @@ impl Evaluator {
                 *n = r.u64()?;
             }
             let acc = &mut e.rows.accs[at];
-            set_sums(acc, s);
+            for (field, n) in fields(acc).into_iter().zip(s) {
+                *field = n;
+            }
             acc.visitors = r.bitmap()?;
             acc.held = acc.visitors.len();
         }
