@@ -44,6 +44,9 @@ pub(crate) const BUMP_GENERATION: &str = "INSERT INTO meta (key, value) VALUES (
 pub(crate) const READ_GENERATION: &str =
     "SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = 'set_generation'";
 
+/// The length of a visitor key (a client's UUID or a per-day source hash).
+pub(crate) const KEY_BYTES: usize = 16;
+
 /// Estimated bytes of numbers and kept days above which everything is dropped.
 pub(crate) const BUDGET_BYTES: usize = 64 << 20;
 
@@ -71,16 +74,16 @@ struct Kept {
 /// Visitor keys and their numbers: numbers are given in order, from 0.
 #[derive(Default)]
 struct Numbering {
-    numbers: HashMap<[u8; 16], u32, foldhash::fast::RandomState>,
+    numbers: HashMap<[u8; KEY_BYTES], u32, foldhash::fast::RandomState>,
 }
 
 impl Numbering {
     fn number(&mut self, key: &[u8]) -> u32 {
-        let key: [u8; 16] = match <[u8; 16]>::try_from(key) {
+        let key: [u8; KEY_BYTES] = match <[u8; KEY_BYTES]>::try_from(key) {
             Ok(key) => key,
             Err(_) => {
-                let mut short = [0u8; 16];
-                short.copy_from_slice(&blake3::hash(key).as_bytes()[..16]);
+                let mut short = [0u8; KEY_BYTES];
+                short.copy_from_slice(&blake3::hash(key).as_bytes()[..KEY_BYTES]);
                 short
             }
         };

@@ -56,6 +56,24 @@ pub enum Tamper {
     ReferrerViews { by: i64 },
     /// Cut the last byte off every stored day segment of site `s`.
     TruncateSegments,
+    /// Add [`LONG_KEY`] (a visitor key of 20 bytes, as a first-release file copied over may
+    /// hold) to the web visitor set of `page` (of site `s`) on `day`, and count it in that
+    /// day's counter row.
+    LongVisitorKey {
+        page: &'static str,
+        day: jiff::civil::Date,
+    },
+}
+
+/// The visitor key of [`Tamper::LongVisitorKey`], as hexadecimal: it sorts between the keys of
+/// visitors 1 and 2 of [`view`], so a day's keys cut every 16 bytes would be cut wrong.
+const LONG_KEY: &str = "01ff66697273742d72656c656173652d6b657921";
+
+/// Days since 1970 of `day` (the stored day number).
+fn day_number(day: jiff::civil::Date) -> i64 {
+    day.duration_since(date(1970, 1, 1))
+        .as_secs()
+        .div_euclid(86_400)
 }
 
 /// The backend's default page cap.
@@ -645,6 +663,40 @@ pub(crate) fn view(i: u32, visitor: u32, page: &str, day: jiff::civil::Date) -> 
 
 fn site_s() -> SiteId {
     SiteId::parse("s").expect("s")
+}
+
+/// A visitor key of another length than 16 bytes counts as one distinct visitor in range
+/// totals and top pages, wherever it is (PostgreSQL sends a day's 16-byte keys joined in one
+/// value; a day holding another key is read row by row).
+async fn range_visitors_count_keys_of_any_length(db: &impl Harness) {
+    let store = db.handle(DEFAULT_CAP);
+    let (d1, d2, d3) = (date(2026, 4, 1), date(2026, 4, 2), date(2026, 4, 3));
+    let views = vec![
+        view(1, 1, "/a", d1),
+        view(2, 2, "/a", d2),
+        view(3, 1, "/a", d2),
+        view(4, 3, "/a", d3),
+        view(5, 2, "/a", d3),
+    ];
+    store.commit(views).await.expect("commit");
+    for (page, day) in [("", d1), ("", d2), ("/a", d2)] {
+        db.tamper(Tamper::LongVisitorKey { page, day });
+    }
+    // A fresh handle and the one that wrote: neither may count the long key twice, or lose it.
+    for handle in [db.handle(DEFAULT_CAP), store] {
+        let totals = handle
+            .range_totals(&site_s(), d1, d3)
+            .await
+            .expect("totals");
+        assert_eq!(totals.web.visitors, 4, "visitors 1, 2, 3 and the long key");
+        let two = handle
+            .range_totals(&site_s(), d2, d3)
+            .await
+            .expect("totals");
+        assert_eq!(two.web.visitors, 4);
+        let top = handle.top_pages(&site_s(), d1, d3, 10).await.expect("top");
+        assert_eq!(top_views(&top), vec![("/a".to_owned(), 5, 4)]);
+    }
 }
 
 fn top_views(rows: &[tally::store::PageRow]) -> Vec<(String, u64, u64)> {
@@ -1506,6 +1558,7 @@ macro_rules! backends {
                 prune_keeps_dedupe_keys_visitor_sets_and_a_clean_verify,
                 prune_each_kind_keeps_verify_clean,
                 range_visitors_are_exact_at_100k,
+                range_visitors_count_keys_of_any_length,
                 kept_range_visitors_follow_other_handles,
                 kept_top_pages_follow_other_handles,
                 page_cap_counts_new_pages_beyond_it_under_other,
@@ -1591,10 +1644,7 @@ pub(crate) mod sqlite_backend {
                     [""],
                 ),
                 Tamper::SiteDayViews { day, by } => {
-                    let n = day
-                        .duration_since(date(1970, 1, 1))
-                        .as_secs()
-                        .div_euclid(86_400);
+                    let n = day_number(day);
                     conn.execute(
                         &format!(
                             "UPDATE counters SET views = views + ?2 WHERE day = ?3 AND scope = {site}"
@@ -1612,6 +1662,23 @@ pub(crate) mod sqlite_backend {
                      WHERE site = (SELECT id FROM site_keys WHERE name = 's')",
                     [],
                 ),
+                Tamper::LongVisitorKey { page, day } => conn
+                    .execute(
+                        &format!(
+                            "INSERT INTO visits (day, scope, source, visitor) \
+                             VALUES (?2, {site}, 0, x'{LONG_KEY}')"
+                        ),
+                        rusqlite::params![page, day_number(day)],
+                    )
+                    .and_then(|_| {
+                        conn.execute(
+                            &format!(
+                                "UPDATE counters SET visitors = visitors + 1 \
+                                 WHERE day = ?2 AND source = 0 AND scope = {site}"
+                            ),
+                            rusqlite::params![page, day_number(day)],
+                        )
+                    }),
             }
             .expect("tamper");
             assert!(changed > 0, "{damage:?} changed nothing");
@@ -1878,10 +1945,7 @@ pub(crate) mod postgres {
                     scope("")
                 )),
                 Tamper::SiteDayViews { day, by } => {
-                    let n = day
-                        .duration_since(date(1970, 1, 1))
-                        .as_secs()
-                        .div_euclid(86_400);
+                    let n = day_number(day);
                     self.0.exec(&format!(
                         "UPDATE counters SET views = views + {by} WHERE day = {n} AND scope = {}",
                         scope("")
@@ -1895,6 +1959,19 @@ pub(crate) mod postgres {
                     "UPDATE segments SET visits = substring(visits from 1 for length(visits) - 1) \
                      WHERE site = (SELECT id FROM site_keys WHERE name = 's')",
                 ),
+                Tamper::LongVisitorKey { page, day } => {
+                    let n = day_number(day);
+                    self.0.exec(&format!(
+                        "INSERT INTO visits (site, day, scope, source, visitor) \
+                         VALUES ((SELECT id FROM site_keys WHERE name = 's'), {n}, {}, 0, \
+                         '\\x{LONG_KEY}'::bytea)",
+                        scope(page)
+                    )) + self.0.exec(&format!(
+                        "UPDATE counters SET visitors = visitors + 1 \
+                         WHERE day = {n} AND source = 0 AND scope = {}",
+                        scope(page)
+                    ))
+                }
             };
             assert!(changed > 0, "{damage:?} changed nothing");
         }

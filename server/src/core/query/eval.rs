@@ -186,7 +186,7 @@ pub fn set_of(mut numbers: Vec<u32>) -> RoaringBitmap {
     if let Some(set) = dense_set(&numbers) {
         return set;
     }
-    numbers.sort();
+    numbers.sort_unstable();
     numbers.dedup();
     RoaringBitmap::from_sorted_iter(numbers).unwrap_or_default()
 }

@@ -15,7 +15,7 @@ use crate::core::filtered::{FilteredCounts, Reason};
 use crate::core::ids::SiteId;
 use crate::core::record::Source;
 use crate::store::daypages::{self, Stamp};
-use crate::store::daysets::{self, DayKeys, DaySets};
+use crate::store::daysets::{self, DayKeys, DaySets, KEY_BYTES};
 use crate::store::{
     BySource, CountsRaw, DayRow, EventRow, IMPORTED_SOURCE, PageRow, ReferrerRow, Site, StoreError,
     numbers,
@@ -266,33 +266,66 @@ async fn distinct_visitors(
         .iter()
         .filter_map(|&(day, n)| Some((i32::try_from(day).ok()?, n)))
         .collect();
-    let missing: Vec<i32> = wanted.keys().copied().collect();
+    let mut missing: Vec<i64> = wanted.keys().map(|&d| i64::from(d)).collect();
+    missing.sort_unstable();
+    // One row per day, its keys joined into one value: a year of a busy page is millions of
+    // 16-byte keys, and a row each costs more to send and decode than to scan. Read by runs
+    // of days (`BETWEEN`), so PostgreSQL groups the rows in index order as it streams them.
     let stmt = client
         .prepare_cached(
-            "SELECT day, visitor FROM visits \
-             WHERE site = $1 AND scope = $2 AND source = $3 AND day = ANY($4) ORDER BY day",
+            "SELECT day, bool_and(octet_length(visitor) = 16), string_agg(visitor, ''::bytea) \
+             FROM visits \
+             WHERE site = $1 AND scope = $2 AND source = $3 AND day BETWEEN $4 AND $5 \
+             GROUP BY day ORDER BY day",
         )
         .await?;
-    let params: [&(dyn ToSql + Sync); 4] = [&site, &scope, &source, &missing];
-    let rows = client.query_raw(&stmt, params).await?;
-    futures_util::pin_mut!(rows);
-    let mut day: Option<i32> = None;
-    let mut keys = DayKeys::default();
-    while let Some(row) = rows.try_next().await? {
-        let row_day: i32 = row.get(0);
-        if day != Some(row_day) {
-            if let Some(done) = day {
-                let n = wanted.get(&done).copied().unwrap_or(0);
-                union.add_day(i64::from(done), n, keys.iter());
-                keys.clear();
+    // Days holding a key of another length than 16 bytes cannot be cut apart: read by row.
+    let mut uneven = Vec::new();
+    for (lo, hi) in day_runs(&missing) {
+        let params: [&(dyn ToSql + Sync); 5] = [&site, &scope, &source, &lo, &hi];
+        let rows = client.query_raw(&stmt, params).await?;
+        futures_util::pin_mut!(rows);
+        while let Some(row) = rows.try_next().await? {
+            let day: i32 = row.get(0);
+            let Some(&n) = wanted.get(&day) else {
+                continue;
+            };
+            let joined: &[u8] = row.get(2);
+            if row.get::<_, bool>(1) {
+                union.add_day(i64::from(day), n, joined.chunks_exact(KEY_BYTES));
+            } else {
+                uneven.push(day);
             }
-            day = Some(row_day);
         }
-        keys.push(row.get::<_, &[u8]>(1));
     }
-    if let Some(done) = day {
-        let n = wanted.get(&done).copied().unwrap_or(0);
-        union.add_day(i64::from(done), n, keys.iter());
+    if !uneven.is_empty() {
+        let stmt = client
+            .prepare_cached(
+                "SELECT day, visitor FROM visits \
+                 WHERE site = $1 AND scope = $2 AND source = $3 AND day = ANY($4) ORDER BY day",
+            )
+            .await?;
+        let params: [&(dyn ToSql + Sync); 4] = [&site, &scope, &source, &uneven];
+        let rows = client.query_raw(&stmt, params).await?;
+        futures_util::pin_mut!(rows);
+        let mut day: Option<i32> = None;
+        let mut keys = DayKeys::default();
+        while let Some(row) = rows.try_next().await? {
+            let row_day: i32 = row.get(0);
+            if day != Some(row_day) {
+                if let Some(done) = day {
+                    let n = wanted.get(&done).copied().unwrap_or(0);
+                    union.add_day(i64::from(done), n, keys.iter());
+                    keys.clear();
+                }
+                day = Some(row_day);
+            }
+            keys.push(row.get::<_, &[u8]>(1));
+        }
+        if let Some(done) = day {
+            let n = wanted.get(&done).copied().unwrap_or(0);
+            union.add_day(i64::from(done), n, keys.iter());
+        }
     }
     Ok(union.count())
 }
@@ -421,12 +454,13 @@ pub(super) async fn top_pages(
         let wanted: HashMap<i64, Stamp> = sum.missing().iter().copied().collect();
         let mut days: Vec<i64> = wanted.keys().copied().collect();
         days.sort_unstable();
+        // One row per day, its counters in arrays: a year is ~a million counter rows.
         let stmt = client
             .prepare_cached(
-                "SELECT c.day, c.scope, c.source, c.views \
+                "SELECT c.day, array_agg(c.scope), array_agg(c.source), array_agg(c.views) \
                  FROM pages p JOIN counters c ON c.site = p.site AND c.scope = p.id \
                       AND c.source = ANY('{0,1,2}'::int2[]) AND c.day BETWEEN $2 AND $3 \
-                 WHERE p.site = $1 AND p.path != ''",
+                 WHERE p.site = $1 AND p.path != '' GROUP BY c.day",
             )
             .await?;
         let mut by_day: HashMap<i64, Vec<daypages::DayRow>> = HashMap::new();
@@ -437,11 +471,13 @@ pub(super) async fn top_pages(
             while let Some(row) = rows.try_next().await? {
                 let day = i64::from(row.get::<_, i32>(0));
                 if wanted.contains_key(&day) {
-                    let source = i64::from(row.get::<_, i16>(2));
-                    by_day
-                        .entry(day)
-                        .or_default()
-                        .push((row.get(1), source, row.get(3)));
+                    let scopes: Vec<i64> = row.get(1);
+                    let sources: Vec<i16> = row.get(2);
+                    let views: Vec<i64> = row.get(3);
+                    let rows = by_day.entry(day).or_default();
+                    for ((scope, source), views) in scopes.into_iter().zip(sources).zip(views) {
+                        rows.push((scope, i64::from(source), views));
+                    }
                 }
             }
         }
