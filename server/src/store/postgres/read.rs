@@ -454,13 +454,12 @@ pub(super) async fn top_pages(
         let wanted: HashMap<i64, Stamp> = sum.missing().iter().copied().collect();
         let mut days: Vec<i64> = wanted.keys().copied().collect();
         days.sort_unstable();
-        // One row per day, its counters in arrays: a year is ~a million counter rows.
         let stmt = client
             .prepare_cached(
-                "SELECT c.day, array_agg(c.scope), array_agg(c.source), array_agg(c.views) \
+                "SELECT c.day, c.scope, c.source, c.views \
                  FROM pages p JOIN counters c ON c.site = p.site AND c.scope = p.id \
                       AND c.source = ANY('{0,1,2}'::int2[]) AND c.day BETWEEN $2 AND $3 \
-                 WHERE p.site = $1 AND p.path != '' GROUP BY c.day",
+                 WHERE p.site = $1 AND p.path != ''",
             )
             .await?;
         let mut by_day: HashMap<i64, Vec<daypages::DayRow>> = HashMap::new();
@@ -471,13 +470,11 @@ pub(super) async fn top_pages(
             while let Some(row) = rows.try_next().await? {
                 let day = i64::from(row.get::<_, i32>(0));
                 if wanted.contains_key(&day) {
-                    let scopes: Vec<i64> = row.get(1);
-                    let sources: Vec<i16> = row.get(2);
-                    let views: Vec<i64> = row.get(3);
-                    let rows = by_day.entry(day).or_default();
-                    for ((scope, source), views) in scopes.into_iter().zip(sources).zip(views) {
-                        rows.push((scope, i64::from(source), views));
-                    }
+                    let source = i64::from(row.get::<_, i16>(2));
+                    by_day
+                        .entry(day)
+                        .or_default()
+                        .push((row.get(1), source, row.get(3)));
                 }
             }
         }
@@ -504,24 +501,125 @@ pub(super) async fn top_pages(
             ranked.offer(scope, row.get(1), *v);
         }
     }
-    let mut pages = Vec::new();
-    for (scope, page, views) in ranked.best() {
-        let mut numbers = BySource::default();
-        for (source, views, target) in [
-            (Source::Web, views.web, &mut numbers.web),
-            (Source::Badge, views.badge, &mut numbers.badge),
-        ] {
-            if views > 0 {
-                target.views = views;
-                let key = (site_id, scope, source.code() as i16);
-                target.visitors =
-                    distinct_visitors(&client, &store.sets, generation, key, (from, to)).await?;
+    let best = ranked.best();
+    // The exact visitors of each page and source with views. A busy page's year is ~600,000
+    // set rows for PostgreSQL to scan: with a connection free in the pool, every other one is
+    // counted there, in this read's snapshot, while this connection counts the rest.
+    let jobs: Vec<(usize, i64, Source)> = best
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (scope, _, views))| {
+            [(Source::Web, views.web), (Source::Badge, views.badge)]
+                .into_iter()
+                .filter(|&(_, views)| views > 0)
+                .map(move |(source, _)| (i, *scope, source))
+        })
+        .collect();
+    let scope = (site_id, generation, (from, to));
+    let mut spare = match jobs.len() > 1 {
+        true => spare_client(store).await,
+        false => None,
+    };
+    let counted = match spare.as_mut() {
+        Some(spare) => {
+            let snapshot = export_snapshot(&client).await?;
+            let other = in_snapshot(spare, &snapshot).await?;
+            let (mine, theirs): (Vec<_>, Vec<_>) =
+                jobs.iter().enumerate().partition(|(n, _)| n % 2 == 0);
+            let [mine, theirs] =
+                [mine, theirs].map(|v| v.into_iter().map(|(_, job)| *job).collect::<Vec<_>>());
+            let (a, b) = futures_util::future::join(
+                page_visitors(&client, &store.sets, scope, &mine),
+                page_visitors(&other, &store.sets, scope, &theirs),
+            )
+            .await;
+            other.commit().await?;
+            let mut all = a?;
+            all.extend(b?);
+            all
+        }
+        None => page_visitors(&client, &store.sets, scope, &jobs).await?,
+    };
+    let mut pages: Vec<PageRow> = best
+        .into_iter()
+        .map(|(_, page, views)| {
+            let mut numbers = BySource::default();
+            numbers.web.views = views.web;
+            numbers.badge.views = views.badge;
+            PageRow { page, numbers }
+        })
+        .collect();
+    for (i, source, visitors) in counted {
+        if let Some(row) = pages.get_mut(i) {
+            match source {
+                Source::Badge => row.numbers.badge.visitors = visitors,
+                Source::Web => row.numbers.web.visitors = visitors,
             }
         }
-        pages.push(PageRow { page, numbers });
     }
     client.commit().await?;
     Ok(pages)
+}
+
+/// Exact distinct visitors of each (index, page scope, source) of `jobs` over the days of
+/// `scope` (site, set generation, days).
+async fn page_visitors(
+    client: &impl GenericClient,
+    sets: &DaySets,
+    (site, generation, days): (i64, i64, (i32, i32)),
+    jobs: &[(usize, i64, Source)],
+) -> Result<Vec<(usize, Source, u64)>, Fail> {
+    let mut out = Vec::with_capacity(jobs.len());
+    for &(i, page, source) in jobs {
+        let key = (site, page, source.code() as i16);
+        out.push((
+            i,
+            source,
+            distinct_visitors(client, sets, generation, key, days).await?,
+        ));
+    }
+    Ok(out)
+}
+
+/// A second connection for one read, only if the pool has one free or room for one now (a
+/// busy pool is left to the other readers).
+async fn spare_client(store: &PgStore) -> Option<deadpool_postgres::Object> {
+    let status = store.pool.status();
+    if status.available == 0 && status.size >= status.max_size {
+        return None;
+    }
+    store.pool.get().await.ok()
+}
+
+/// The id of the caller's snapshot, for [`in_snapshot`] (valid until its transaction ends).
+async fn export_snapshot(client: &impl GenericClient) -> Result<String, Fail> {
+    let id: String = client
+        .query_one("SELECT pg_export_snapshot()", &[])
+        .await?
+        .get(0);
+    // PostgreSQL's ids are hexadecimal groups and dashes; never pass anything else on.
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        return Err(Fail::Store(StoreError::Unavailable(format!(
+            "unexpected snapshot id {id:?}"
+        ))));
+    }
+    Ok(id)
+}
+
+/// A read-only transaction on `client` that sees exactly the exported `snapshot`.
+async fn in_snapshot<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    snapshot: &str,
+) -> Result<deadpool_postgres::Transaction<'a>, Fail> {
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{snapshot}'"))
+        .await?;
+    Ok(tx)
 }
 
 pub(super) async fn top_referrers(
