@@ -270,18 +270,19 @@ async fn distinct_visitors(
     missing.sort_unstable();
     // One row per day, its keys joined into one value: a year of a busy page is millions of
     // 16-byte keys, and a row each costs more to send and decode than to scan. Read by runs
-    // of days (`BETWEEN`), so PostgreSQL groups the rows in index order as it streams them.
+    // of days (`BETWEEN`), so PostgreSQL groups the rows in index order as it streams them;
+    // every run its own range, so days kept between them are not sent again.
     let stmt = client
-        .prepare_cached(
-            "SELECT day, bool_and(octet_length(visitor) = 16), string_agg(visitor, ''::bytea) \
-             FROM visits \
+        .prepare_cached(&format!(
+            "SELECT day, bool_and(octet_length(visitor) = {KEY_BYTES}), \
+             string_agg(visitor, ''::bytea) FROM visits \
              WHERE site = $1 AND scope = $2 AND source = $3 AND day BETWEEN $4 AND $5 \
-             GROUP BY day ORDER BY day",
-        )
+             GROUP BY day ORDER BY day"
+        ))
         .await?;
     // Days holding a key of another length than 16 bytes cannot be cut apart: read by row.
     let mut uneven = Vec::new();
-    for (lo, hi) in day_runs(&missing) {
+    for (lo, hi) in runs(&missing) {
         let params: [&(dyn ToSql + Sync); 5] = [&site, &scope, &source, &lo, &hi];
         let rows = client.query_raw(&stmt, params).await?;
         futures_util::pin_mut!(rows);
@@ -413,17 +414,23 @@ async fn day_stamps(
     Ok(daypages::stamps(rows, (i64::from(from), i64::from(to))))
 }
 
+/// Runs of consecutive days (`days` sorted, distinct).
+fn runs(days: &[i64]) -> Vec<(i32, i32)> {
+    let mut runs: Vec<(i32, i32)> = Vec::new();
+    for day in days.iter().filter_map(|&d| i32::try_from(d).ok()) {
+        match runs.last_mut() {
+            Some(run) if i64::from(run.1) + 1 == i64::from(day) => run.1 = day,
+            _ => runs.push((day, day)),
+        }
+    }
+    runs
+}
+
 /// Runs of consecutive days: a warm read misses today and perhaps a day a late hit changed,
 /// each read as one range; past `MAX_RUNS` runs, one range spans them all.
 fn day_runs(days: &[i64]) -> Vec<(i32, i32)> {
     const MAX_RUNS: usize = 8;
-    let mut runs: Vec<(i32, i32)> = Vec::new();
-    for day in days.iter().filter_map(|&d| i32::try_from(d).ok()) {
-        match runs.last_mut() {
-            Some(run) if run.1 + 1 == day => run.1 = day,
-            _ => runs.push((day, day)),
-        }
-    }
+    let runs = runs(days);
     if runs.len() > MAX_RUNS {
         let span = (runs[0].0, runs[runs.len() - 1].1);
         return vec![span];
@@ -520,10 +527,15 @@ pub(super) async fn top_pages(
         true => spare_client(store).await,
         false => None,
     };
-    let counted = match spare.as_mut() {
-        Some(spare) => {
-            let snapshot = export_snapshot(&client).await?;
-            let other = in_snapshot(spare, &snapshot).await?;
+    let other = match spare.as_mut() {
+        Some(spare) => match export_snapshot(&client).await {
+            Ok(snapshot) => in_snapshot(spare, &snapshot).await.ok(),
+            Err(_) => None,
+        },
+        None => None,
+    };
+    let counted = match other {
+        Some(other) => {
             let (mine, theirs): (Vec<_>, Vec<_>) =
                 jobs.iter().enumerate().partition(|(n, _)| n % 2 == 0);
             let [mine, theirs] =
@@ -533,9 +545,17 @@ pub(super) async fn top_pages(
                 page_visitors(&other, &store.sets, scope, &theirs),
             )
             .await;
-            other.commit().await?;
+            // The spare only read: a failure there (a dropped connection) costs this read
+            // the time of counting its pages here, not the answer.
+            let b = match b {
+                Ok(b) => {
+                    let _ = other.commit().await;
+                    b
+                }
+                Err(_) => page_visitors(&client, &store.sets, scope, &theirs).await?,
+            };
             let mut all = a?;
-            all.extend(b?);
+            all.extend(b);
             all
         }
         None => page_visitors(&client, &store.sets, scope, &jobs).await?,
@@ -581,14 +601,14 @@ async fn page_visitors(
     Ok(out)
 }
 
-/// A second connection for one read, only if the pool has one free or room for one now (a
-/// busy pool is left to the other readers).
+/// A second connection for one read, only if the pool gives one at once (a free one, or room
+/// for a new one): it never waits behind other work for one.
 async fn spare_client(store: &PgStore) -> Option<deadpool_postgres::Object> {
-    let status = store.pool.status();
-    if status.available == 0 && status.size >= status.max_size {
-        return None;
-    }
-    store.pool.get().await.ok()
+    let timeouts = deadpool_postgres::Timeouts {
+        wait: Some(std::time::Duration::ZERO),
+        ..store.pool.timeouts()
+    };
+    store.pool.timeout_get(&timeouts).await.ok()
 }
 
 /// The id of the caller's snapshot, for [`in_snapshot`] (valid until its transaction ends).
