@@ -41,12 +41,7 @@ async fn stream(
 ) -> Result<u64, StoreError> {
     let run = async {
         let mut client = store.client().await?;
-        let tx = client
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = super::read::snapshot(&mut client).await?;
         let (from, to) = (day_num(from).max(0), day_num(to));
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&site.as_str(), &from, &to];
         let rows = tx.query_raw(sql, params).await?;

@@ -523,23 +523,19 @@ pub(super) async fn top_pages(
         })
         .collect();
     let scope = (site_id, generation, (from, to));
-    let mut spare = match jobs.len() > 1 {
-        true => spare_client(store).await,
-        false => None,
+    let mut spare = if jobs.len() > 1 {
+        spare_client(store).await
+    } else {
+        None
     };
     let other = match spare.as_mut() {
-        Some(spare) => match export_snapshot(&client).await {
-            Ok(snapshot) => in_snapshot(spare, &snapshot).await.ok(),
-            Err(_) => None,
-        },
+        Some(spare) => in_snapshot_of(&client, spare).await.ok(),
         None => None,
     };
     let counted = match other {
         Some(other) => {
-            let (mine, theirs): (Vec<_>, Vec<_>) =
-                jobs.iter().enumerate().partition(|(n, _)| n % 2 == 0);
-            let [mine, theirs] =
-                [mine, theirs].map(|v| v.into_iter().map(|(_, job)| *job).collect::<Vec<_>>());
+            let mine: Vec<_> = jobs.iter().copied().step_by(2).collect();
+            let theirs: Vec<_> = jobs.iter().copied().skip(1).step_by(2).collect();
             let (a, b) = futures_util::future::join(
                 page_visitors(&client, &store.sets, scope, &mine),
                 page_visitors(&other, &store.sets, scope, &theirs),
@@ -611,9 +607,13 @@ async fn spare_client(store: &PgStore) -> Option<deadpool_postgres::Object> {
     store.pool.timeout_get(&timeouts).await.ok()
 }
 
-/// The id of the caller's snapshot, for [`in_snapshot`] (valid until its transaction ends).
-async fn export_snapshot(client: &impl GenericClient) -> Result<String, Fail> {
-    let id: String = client
+/// A read-only transaction on `spare` that sees exactly the snapshot of `first`'s open
+/// transaction (exported, so both read the same rows).
+async fn in_snapshot_of<'a>(
+    first: &impl GenericClient,
+    spare: &'a mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'a>, Fail> {
+    let id: String = first
         .query_one("SELECT pg_export_snapshot()", &[])
         .await?
         .get(0);
@@ -623,21 +623,8 @@ async fn export_snapshot(client: &impl GenericClient) -> Result<String, Fail> {
             "unexpected snapshot id {id:?}"
         ))));
     }
-    Ok(id)
-}
-
-/// A read-only transaction on `client` that sees exactly the exported `snapshot`.
-async fn in_snapshot<'a>(
-    client: &'a mut deadpool_postgres::Object,
-    snapshot: &str,
-) -> Result<deadpool_postgres::Transaction<'a>, Fail> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
-    tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{snapshot}'"))
+    let tx = snapshot(spare).await?;
+    tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{id}'"))
         .await?;
     Ok(tx)
 }

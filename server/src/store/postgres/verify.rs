@@ -246,12 +246,7 @@ pub(super) async fn verify(
         },
     };
     if !repair {
-        let tx = client
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = super::read::snapshot(&mut client).await?;
         let only = only.map_or_else(Only::default, Only::site);
         let report = check(&tx, &only).await?.0;
         tx.commit().await?;
