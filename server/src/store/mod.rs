@@ -41,6 +41,7 @@ pub(crate) mod daypages;
 pub(crate) mod daysets;
 pub mod imported;
 pub mod merge;
+pub(crate) mod numbers;
 pub mod postgres;
 pub mod rollups;
 pub mod sqlite;

@@ -622,6 +622,57 @@ async fn a_kept_state_grows_by_the_days_sealed_since(db: &impl Harness) {
     );
 }
 
+/// A reader keeps the keys it found without a number (`store::numbers`); a number another
+/// handle gives since (a seal by another collector) is seen at its next read.
+async fn a_number_given_since_a_read_is_seen_at_the_next(db: &impl Harness) {
+    let reader = db.handle(None);
+    let sealer = db.handle(None);
+    let d0 = date(2026, 3, 1);
+    let records = morning_views(&[
+        (1, 1, D1, "/a"),
+        (3, 1, D2, "/a"),
+        (4, 2, D2, "/c"),
+        (5, 9, d0, "/a"),
+    ]);
+    reader.commit(records).await.expect("commit");
+    // Some number is stored before the reader looks: the generation is not new.
+    seal(&*sealer, d0).await;
+    let at = |n: u8, day: Date| day_start(day) + (10 * 60 + i64::from(n)) * 60_000;
+    let number = |index: &SegmentIndex, n: u8, day: Date| {
+        index
+            .open
+            .iter()
+            .flat_map(|(_, events)| events)
+            .find(|e| e.at_ms == at(n, day))
+            .map(|e| e.visitor)
+            .expect("the view is open")
+    };
+    let zone = SiteZone::utc();
+    let visitors = q(&[Metric::Visitors], &[], vec![]);
+    // Both days open: no visitor has a number yet; the reader keeps that, twice.
+    for _ in 0..2 {
+        let index = reader.segment_index(&site(), D1, D2).await.expect("index");
+        assert!(number(&index, 1, D1) >= TEMP_NUMBERS);
+        assert_eq!(number(&index, 1, D1), number(&index, 3, D2), "one visitor");
+    }
+    // Another handle seals D1: visitor 1 has a number now, visitor 2 still none.
+    seal(&*sealer, D1).await;
+    let index = reader.segment_index(&site(), D2, D2).await.expect("index");
+    assert!(
+        number(&index, 3, D2) < TEMP_NUMBERS,
+        "visitor 1's stored number"
+    );
+    assert!(number(&index, 4, D2) >= TEMP_NUMBERS);
+    let analytics = Analytics::new(reader.clone(), 64 << 20);
+    for _ in 0..2 {
+        let answer = analytics
+            .answer(&site(), &zone, D1, D2, std::slice::from_ref(&visitors))
+            .await
+            .expect("answers");
+        assert_eq!(answer[0].rows[0].metrics, vec![Value::Int(2)], "not 3");
+    }
+}
+
 async fn verify_recounts_segments_and_repairs_them(db: &impl Harness) {
     let store = db.handle(None);
     store
@@ -683,6 +734,7 @@ macro_rules! segment_checks {
                 verify_recounts_segments_and_repairs_them,
                 concurrent_readers_of_one_question_count_it_once,
                 a_kept_state_grows_by_the_days_sealed_since,
+                a_number_given_since_a_read_is_seen_at_the_next,
                 month_rollups_answer_exactly_and_never_go_stale,
                 verify_recounts_rollups_and_repairs_them,
             );

@@ -175,6 +175,9 @@ impl PgStore {
              FROM segments",
         )
         .await?;
+        // Visitor numbers were stored: a collector's missing keys are missing no more.
+        tx.batch_execute(crate::store::numbers::BUMP_GENERATION)
+            .await?;
         tx.commit().await?;
         Ok(copied)
     }

@@ -224,6 +224,8 @@ pub struct PgStore {
     sets: Arc<crate::store::daysets::DaySets>,
     /// Per-day page rows kept for top pages (`store::daypages`).
     pages: Arc<crate::store::daypages::DayPages>,
+    /// Stored visitor numbers looked up (`store::numbers`).
+    numbers: Arc<Mutex<crate::store::numbers::Numbers>>,
 }
 
 fn valid_schema(name: &str) -> bool {
@@ -286,6 +288,7 @@ impl PgStore {
             max_new_pages_per_day: options.max_new_pages_per_day,
             sets: Arc::default(),
             pages: Arc::default(),
+            numbers: Arc::default(),
         })
     }
 

@@ -6,6 +6,7 @@
 //! after the other: a seal either sees the batch's events or is deleted by it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
 
 use deadpool_postgres::GenericClient;
 
@@ -13,6 +14,7 @@ use super::read::snapshot;
 use super::{Fail, PgStore, day_num};
 use crate::core::ids::SiteId;
 use crate::core::segment::{self, DayEvent};
+use crate::store::numbers::{self, Numbers, Pending};
 use crate::store::{
     DictionaryRows, PartsWanted, SegmentIndex, SegmentParts, StoreError, TEMP_NUMBERS,
 };
@@ -86,18 +88,18 @@ async fn raw_events(
 }
 
 /// The stored numbers of `keys`.
-async fn stored_numbers(
+async fn stored_numbers<'a>(
     client: &impl GenericClient,
     site: i64,
-    keys: &HashSet<[u8; 16]>,
+    keys: impl IntoIterator<Item = &'a [u8; 16]>,
 ) -> Result<HashMap<[u8; 16], u32>, Fail> {
-    let list: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let list: Vec<&[u8]> = keys.into_iter().map(|k| &k[..]).collect();
     let stmt = client
         .prepare_cached(
             "SELECT visitor, num FROM visitor_numbers WHERE site = $1 AND visitor = ANY($2)",
         )
         .await?;
-    let mut out = HashMap::with_capacity(keys.len());
+    let mut out = HashMap::with_capacity(list.len());
     for row in client.query(&stmt, &[&site, &list]).await? {
         let key: &[u8] = row.get(0);
         if let Ok(key) = <[u8; 16]>::try_from(key) {
@@ -105,6 +107,27 @@ async fn stored_numbers(
         }
     }
     Ok(out)
+}
+
+/// The stored numbers of `keys`, looked up in `cache`, then the table, at the numbering
+/// generation of this snapshot ([`crate::store::numbers`]).
+async fn cached_numbers(
+    client: &impl GenericClient,
+    cache: &Mutex<Numbers>,
+    site: i64,
+    keys: &HashSet<[u8; 16]>,
+) -> Result<HashMap<[u8; 16], u32>, Fail> {
+    let generation: i64 = client
+        .query_one(numbers::READ_GENERATION, &[])
+        .await?
+        .get(0);
+    let pending = Pending::start(cache, site, keys, generation);
+    let found = if pending.ask().is_empty() {
+        HashMap::new()
+    } else {
+        stored_numbers(client, site, pending.ask()).await?
+    };
+    Ok(pending.finish(found))
 }
 
 pub(super) async fn read_index(
@@ -147,7 +170,7 @@ pub(super) async fn read_index(
         raw.extend(raw_events(&tx, site, start, day - 1).await?);
     }
     let keys: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
-    let mut known = stored_numbers(&tx, site, &keys).await?;
+    let mut known = cached_numbers(&tx, &store.numbers, site, &keys).await?;
     tx.commit().await?;
     let mut next = TEMP_NUMBERS;
     let mut by_day: BTreeMap<i32, Vec<DayEvent>> = BTreeMap::new();
@@ -310,12 +333,13 @@ pub(super) async fn seal_day(
     let mut keys: Vec<&[u8]> = raw.iter().map(|e| &e.visitor[..]).collect();
     keys.sort_unstable();
     keys.dedup();
-    tx.execute(
-        "INSERT INTO visitor_numbers (site, visitor) SELECT $1, v FROM unnest($2::bytea[]) v \
-         ORDER BY v ON CONFLICT DO NOTHING",
-        &[&site, &keys],
-    )
-    .await?;
+    let numbered = tx
+        .execute(
+            "INSERT INTO visitor_numbers (site, visitor) SELECT $1, v FROM unnest($2::bytea[]) v \
+             ORDER BY v ON CONFLICT DO NOTHING",
+            &[&site, &keys],
+        )
+        .await?;
     let set: HashSet<[u8; 16]> = raw.iter().map(|e| e.visitor).collect();
     let known = stored_numbers(&tx, site, &set).await?;
     let events: Vec<DayEvent> = raw
@@ -333,6 +357,10 @@ pub(super) async fn seal_day(
             &[&site, &day, &seg.bytes(), &events.bytes()],
         )
         .await?;
+    if numbered > 0 {
+        // Last: the row's lock is held until the commit.
+        tx.execute(numbers::BUMP_GENERATION, &[]).await?;
+    }
     tx.commit().await?;
     Ok(stored > 0)
 }

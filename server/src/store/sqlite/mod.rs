@@ -254,7 +254,7 @@ pub struct SqliteStore {
     /// Per-day page rows kept for top pages (`store::daypages`).
     pages: Arc<crate::store::daypages::DayPages>,
     /// Stored visitor numbers looked up or assigned (`segments`).
-    numbers: Arc<Mutex<segments::Numbers>>,
+    numbers: Arc<Mutex<crate::store::numbers::Numbers>>,
     /// Dashboard and analytics reads, at a lower CPU priority (`lane`).
     lane: Arc<lane::Lane>,
 }

@@ -15,34 +15,8 @@ use std::collections::{HashMap, HashSet};
 
 use super::*;
 use crate::core::segment::{self, DayEvent};
+use crate::store::numbers::{self, Numbers, Pending};
 use crate::store::{DictionaryRows, PartsWanted, SegmentIndex, SegmentParts, TEMP_NUMBERS};
-
-/// Visitor numbers kept per generation of [`Numbers`] (two generations).
-const NUMBERS_PER_GENERATION: usize = 262_144;
-
-/// Stored visitor numbers this store has looked up or assigned (they never change), in two
-/// generations so the keys in use stay.
-#[derive(Default)]
-pub(super) struct Numbers {
-    young: HashMap<(i64, [u8; 16]), u32>,
-    old: HashMap<(i64, [u8; 16]), u32>,
-}
-
-impl Numbers {
-    fn get(&self, site: i64, key: &[u8; 16]) -> Option<u32> {
-        self.young
-            .get(&(site, *key))
-            .or_else(|| self.old.get(&(site, *key)))
-            .copied()
-    }
-
-    fn insert(&mut self, site: i64, key: [u8; 16], num: u32) {
-        if self.young.len() >= NUMBERS_PER_GENERATION {
-            self.old = std::mem::take(&mut self.young);
-        }
-        self.young.insert((site, key), num);
-    }
-}
 
 /// One raw web event of a day, before its visitor is numbered.
 struct RawEvent {
@@ -111,49 +85,30 @@ fn raw_events(
     Ok(out)
 }
 
-/// The stored number of each key (looked up in `cache`, then the table); keys without one
-/// are left out.
+/// The stored number of each key (looked up in `cache`, then the table, at the numbering
+/// generation of this snapshot: [`crate::store::numbers`]); keys without one are left out.
 fn stored_numbers(
     conn: &Connection,
     cache: &Mutex<Numbers>,
     site: i64,
     keys: &HashSet<[u8; 16]>,
 ) -> Result<HashMap<[u8; 16], u32>, StoreError> {
-    let mut out = HashMap::with_capacity(keys.len());
-    let mut missing = Vec::new();
-    {
-        let cache = cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for key in keys {
-            match cache.get(site, key) {
-                Some(n) => {
-                    out.insert(*key, n);
-                }
-                None => missing.push(*key),
-            }
-        }
-    }
+    let generation: i64 = conn
+        .prepare_cached(numbers::READ_GENERATION)?
+        .query_row([], |r| r.get(0))?;
+    let pending = Pending::start(cache, site, keys, generation);
     let mut stmt =
         conn.prepare_cached("SELECT num FROM visitor_numbers WHERE site = ?1 AND visitor = ?2")?;
-    let mut found = Vec::new();
-    for key in missing {
+    let mut found = HashMap::new();
+    for key in pending.ask() {
         if let Some(num) = stmt
             .query_row(params![site, &key[..]], |r| r.get::<_, i64>(0))
             .optional()?
         {
-            let num = u32_of(num, "visitor number")?;
-            out.insert(key, num);
-            found.push((key, num));
+            found.insert(*key, u32_of(num, "visitor number")?);
         }
     }
-    let mut cache = cache
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for (key, num) in found {
-        cache.insert(site, key, num);
-    }
-    Ok(out)
+    Ok(pending.finish(found))
 }
 
 /// The read of [`crate::store::SegmentSource::segment_index`]; run it in a `snapshot`.
@@ -425,6 +380,9 @@ pub(super) fn seal_write(
             known.insert(e.visitor, num);
             assigned.push((e.visitor, num));
         }
+    }
+    if !assigned.is_empty() {
+        tx.prepare_cached(numbers::BUMP_GENERATION)?.execute([])?;
     }
     let events: Vec<DayEvent> = raw
         .into_iter()
