@@ -17,7 +17,8 @@ use tally::store::analytics::Analytics;
 use tally::store::{DIM_CAP, ImportOptions, PartsWanted, SegmentIndex, Store, TEMP_NUMBERS};
 
 use crate::rollups::{
-    month_rollups_answer_exactly_and_never_go_stale, verify_recounts_rollups_and_repairs_them,
+    many_months_merge_as_they_are_counted, month_rollups_answer_exactly_and_never_go_stale,
+    verify_recounts_rollups_and_repairs_them,
 };
 use crate::store_conformance::Harness;
 
@@ -736,6 +737,7 @@ macro_rules! segment_checks {
                 a_kept_state_grows_by_the_days_sealed_since,
                 a_number_given_since_a_read_is_seen_at_the_next,
                 month_rollups_answer_exactly_and_never_go_stale,
+                many_months_merge_as_they_are_counted,
                 verify_recounts_rollups_and_repairs_them,
             );
         }
