@@ -15,9 +15,12 @@
 //!   other). A read passes the generation it read in its own snapshot: one that sees another
 //!   generation forgets every key kept without a number; one that read an older generation
 //!   than the cache holds keeps nothing it found missing.
-//! - **Bounded.** Numbers are kept in two generations of [`PER_GENERATION`] keys (the keys
-//!   in use stay), keys without a number up to [`PER_GENERATION`] (then no more are kept):
-//!   ~30 MB at most.
+//! - **Bounded.** Numbers are kept in two generations of [`PER_GENERATION`] keys (a key
+//!   found in the older is moved to the newer, so the keys in use stay), keys without a
+//!   number up to [`PER_GENERATION`] (then no more are kept): ~25 MB at most.
+//! - **One database's history.** What is kept assumes the database never loses a commit it
+//!   acknowledged; after a restore from a backup or a failover to a standby that lacks
+//!   recent commits, restart the collectors (as for the ids every store keeps).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -32,8 +35,9 @@ pub(crate) const BUMP_GENERATION: &str = "INSERT INTO meta (key, value) \
 pub(crate) const READ_GENERATION: &str =
     "SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = 'number_generation'";
 
-/// Keys kept per generation of numbers, and keys kept without one.
-const PER_GENERATION: usize = 262_144;
+/// Keys kept per generation of numbers, and keys kept without one: the most a table of
+/// 2^18 buckets holds (7/8 of them), so each table stays at that size.
+const PER_GENERATION: usize = 229_376;
 
 type Key = (i64, [u8; 16]);
 
@@ -101,8 +105,14 @@ fn lock(cache: &Mutex<Numbers>) -> MutexGuard<'_, Numbers> {
 }
 
 impl Numbers {
-    fn get(&self, key: &Key) -> Option<u32> {
-        self.young.get(key).or_else(|| self.old.get(key)).copied()
+    /// A kept number; one found in the older generation moves to the newer.
+    fn get(&mut self, key: &Key) -> Option<u32> {
+        if let Some(n) = self.young.get(key) {
+            return Some(*n);
+        }
+        let n = self.old.remove(key)?;
+        self.insert(key.0, key.1, n);
+        Some(n)
     }
 
     /// Keep a stored number.
@@ -194,6 +204,30 @@ mod tests {
         // A late read of the old generation keeps nothing missing.
         n.learn(7, &[b], &HashMap::new(), 3);
         assert_eq!(n.lookup(7, [&b], 4).ask, vec![b]);
+    }
+
+    #[test]
+    fn numbers_in_use_outlive_two_rotations() {
+        let key = |i: u32| {
+            let mut k = [0u8; 16];
+            k[..4].copy_from_slice(&i.to_le_bytes());
+            k
+        };
+        let mut n = Numbers::default();
+        let used = [9u8; 16];
+        n.insert(1, used, 5);
+        let fill = |n: &mut Numbers, from: u32| {
+            for i in from..from + PER_GENERATION as u32 {
+                n.insert(1, key(i), i);
+            }
+        };
+        fill(&mut n, 0);
+        // `used` is in the older generation now; a read moves it to the newer.
+        assert_eq!(n.lookup(1, [&used], 0).known.get(&used), Some(&5));
+        fill(&mut n, 1 << 20);
+        assert_eq!(n.lookup(1, [&used], 0).known.get(&used), Some(&5));
+        assert_eq!(n.lookup(1, [&key(1)], 0).ask, vec![key(1)], "unused: gone");
+        assert!(n.young.len() <= PER_GENERATION && n.old.len() <= PER_GENERATION);
     }
 
     #[test]

@@ -292,5 +292,9 @@ pub(crate) async fn many_months_merge_as_they_are_counted(db: &impl Harness) {
     let (rolled, days) = answers(&store, from, to).await;
     assert_eq!(days, 0, "every month read from its stored states");
     assert_eq!(rolled, counted);
-    assert!(counted[0].rows[0].metrics[0] == tally::core::query::Value::Int(6));
+    assert_eq!(
+        counted[0].rows[0].metrics[0],
+        tally::core::query::Value::Int(6),
+        "six visitors, each in several months"
+    );
 }

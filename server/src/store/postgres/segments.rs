@@ -117,10 +117,8 @@ async fn cached_numbers(
     site: i64,
     keys: &HashSet<[u8; 16]>,
 ) -> Result<HashMap<[u8; 16], u32>, Fail> {
-    let generation: i64 = client
-        .query_one(numbers::READ_GENERATION, &[])
-        .await?
-        .get(0);
+    let stmt = client.prepare_cached(numbers::READ_GENERATION).await?;
+    let generation: i64 = client.query_one(&stmt, &[]).await?.get(0);
     let pending = Pending::start(cache, site, keys, generation);
     let found = if pending.ask().is_empty() {
         HashMap::new()
