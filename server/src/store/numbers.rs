@@ -115,8 +115,16 @@ impl Numbers {
         Some(n)
     }
 
+    /// Keep the numbers a committed transaction stored: `assigned` keys of `site`.
+    pub(crate) fn remember(cache: &Mutex<Numbers>, site: i64, assigned: Vec<([u8; 16], u32)>) {
+        let mut numbers = lock(cache);
+        for (key, num) in assigned {
+            numbers.insert(site, key, num);
+        }
+    }
+
     /// Keep a stored number.
-    pub(crate) fn insert(&mut self, site: i64, key: [u8; 16], num: u32) {
+    fn insert(&mut self, site: i64, key: [u8; 16], num: u32) {
         if self.young.len() >= PER_GENERATION {
             self.old = std::mem::take(&mut self.young);
         }

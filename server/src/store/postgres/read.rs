@@ -419,7 +419,7 @@ fn runs(days: &[i64]) -> Vec<(i32, i32)> {
     let mut runs: Vec<(i32, i32)> = Vec::new();
     for day in days.iter().filter_map(|&d| i32::try_from(d).ok()) {
         match runs.last_mut() {
-            Some(run) if i64::from(run.1) + 1 == i64::from(day) => run.1 = day,
+            Some(run) if run.1.checked_add(1) == Some(day) => run.1 = day,
             _ => runs.push((day, day)),
         }
     }

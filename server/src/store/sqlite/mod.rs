@@ -705,7 +705,7 @@ impl super::SegmentSource for SqliteStore {
             .await?;
         match assigned {
             Some(assigned) => {
-                segments::remember(&self.numbers, site_id, assigned);
+                crate::store::numbers::Numbers::remember(&self.numbers, site_id, assigned);
                 Ok(true)
             }
             None => Ok(false),

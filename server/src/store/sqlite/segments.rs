@@ -430,16 +430,6 @@ pub(super) fn touched(tx: &Connection, days: &HashSet<(i64, i64)>) -> Result<(),
     Ok(())
 }
 
-/// Record committed numbers in the cache.
-pub(super) fn remember(numbers: &Mutex<Numbers>, site: i64, assigned: Vec<([u8; 16], u32)>) {
-    let mut cache = numbers
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for (key, num) in assigned {
-        cache.insert(site, key, num);
-    }
-}
-
 impl SealRead {
     pub(super) fn site(&self) -> i64 {
         self.site
@@ -558,7 +548,7 @@ pub(super) async fn verify(
                 })
                 .await?;
             if let Some(assigned) = assigned {
-                remember(&store.numbers, id, assigned);
+                Numbers::remember(&store.numbers, id, assigned);
             }
             report.repaired = true;
         }
