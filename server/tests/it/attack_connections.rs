@@ -22,6 +22,10 @@ const ATTACKER: &str = "127.0.0.1";
 const NORMAL: &str = "127.0.0.2";
 /// Connections the attacker holds: more than the server's cap of 1,024.
 const HELD: usize = 1_100;
+/// The slowest normal visit allowed beside an attack. An unprotected server makes it wait for
+/// a slot (a stalled head holds one 10 s) or refuses it; a loaded 2-core CI machine may take a
+/// second or two over a durable hit alone.
+const SERVED_WITHIN: Duration = Duration::from_secs(5);
 
 fn address(server: &Binary) -> SocketAddr {
     server
@@ -133,7 +137,8 @@ async fn one_address_holding_1100_stalled_heads_leaves_others_served() {
     // Defaults: cap 1,024, 64 connections per address, heads within 10 s.
     let server = Binary::start(&["--auto-sites"]).await;
     let to = address(&server);
-    assert!(normal_visit(&server, 0).await < Duration::from_secs(2));
+    // Served before the attack (untimed: the first durable hit may wait on a busy disk).
+    normal_visit(&server, 0).await;
     // The attacker holds HELD connections with a head that never ends, and reopens each one
     // the server closes, a second later, for ATTACK.
     const ATTACK: Duration = Duration::from_secs(25);
@@ -169,7 +174,7 @@ async fn one_address_holding_1100_stalled_heads_leaves_others_served() {
     let slowest = normal_visits(&server, Duration::from_secs(15)).await;
     eprintln!("normal client beside {HELD} stalled heads: slowest visit {slowest:?}");
     assert!(
-        slowest < Duration::from_secs(2),
+        slowest < SERVED_WITHIN,
         "a normal client waited {slowest:?}"
     );
     let mut lifetimes = Vec::new();
@@ -247,7 +252,7 @@ async fn one_address_holding_1100_zero_window_h2_connections_leaves_others_serve
     let slowest = normal_visits(&server, Duration::from_secs(10)).await;
     eprintln!("normal client beside {HELD} zero-window h2 connections: slowest visit {slowest:?}");
     assert!(
-        slowest < Duration::from_secs(2),
+        slowest < SERVED_WITHIN,
         "a normal client waited {slowest:?}"
     );
     let mut lifetimes = Vec::new();
@@ -348,7 +353,7 @@ async fn two_thousand_zero_window_compressible_streams_stay_within_200_mb() {
     assert_eq!(stalled.len(), ADDRESSES * CONNECTIONS * STREAMS);
     assert!(growth_mb <= 200, "RSS grew by {growth_mb} MB");
     // A normal client is still served while they are held.
-    assert!(normal_visit(&server, 0).await < Duration::from_secs(2));
+    assert!(normal_visit(&server, 0).await < SERVED_WITHIN);
     // The answer clock ends every one of them.
     for (_, driver) in held.drain(..) {
         tokio::time::timeout(Duration::from_secs(60), driver)
