@@ -8,8 +8,8 @@
 //! (OpenMetrics 1.0, what `prometheus-client` writes) and [`Metrics::render_classic`] (the
 //! Prometheus text format 0.0.4, the default of `/metrics`). Every family has `HELP` and
 //! `TYPE`, and every label value listed in [`HIT_STATUSES`], [`FILTER_REASONS`],
-//! [`REFUSE_REASONS`] and [`REJECT_CODES`] is present (at 0) from the start, so a rate over
-//! a series that has not happened yet is 0, not absent.
+//! [`REFUSE_REASONS`], [`REJECT_CODES`] and [`READ_CACHES`] is present (at 0) from the start,
+//! so a rate over a series that has not happened yet is 0, not absent.
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
@@ -30,6 +30,12 @@ pub struct StatusLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
+}
+
+/// Label of a read cache's bytes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabel {
+    pub cache: &'static str,
 }
 
 /// Label of a rejected (4xx) request.
@@ -65,6 +71,9 @@ pub struct Metrics {
     /// Connections answered 503 `too_many_connections` at the connection cap.
     pub connections_refused: Family<ReasonLabel, Counter>,
     pub requests_refused: Counter,
+    /// Bytes the reads keep in memory, by cache ([`READ_CACHES`]; set when `/metrics`
+    /// renders, estimated where a cache counts entries).
+    pub read_cache_bytes: Family<CacheLabel, Gauge<i64, AtomicI64>>,
     /// Connections the server closed on a limit, by reason (`idle_timeout`, `header_timeout`,
     /// `body_timeout`, `shutdown_grace`).
     pub connections_cut: Family<ReasonLabel, Counter>,
@@ -80,6 +89,18 @@ pub struct Metrics {
     /// Scheduled report sends that failed and wait for their next try (as of the last pass).
     pub reports_retry_waiting: Gauge<i64, AtomicI64>,
 }
+
+/// Caches the reads keep, as labelled in `tally_read_cache_bytes`: the analytics' kept
+/// segment parts, question states and dictionaries (`--analytics-cache-mb` holds the first two
+/// together), the v1 reads' kept per-day visitor sets, and the visitor numbers the analytics
+/// looked up for open days.
+pub const READ_CACHES: [&str; 5] = [
+    "segments",
+    "states",
+    "dictionaries",
+    "day_sets",
+    "visitor_numbers",
+];
 
 /// Every `status` of `tally_hits_total`.
 pub const HIT_STATUSES: [&str; 4] = ["accepted", "duplicate", "filtered", "suppressed"];
@@ -225,6 +246,12 @@ impl Metrics {
             "Connections refused with 503: at the connection cap (reason cap) or past their address's share (address_share)",
             connections_refused.clone(),
         );
+        let read_cache_bytes = Family::<CacheLabel, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "read_cache_bytes",
+            "Bytes the reads keep in memory, by cache (estimated where a cache counts entries)",
+            read_cache_bytes.clone(),
+        );
         let requests_refused = Counter::default();
         registry.register(
             "requests_refused",
@@ -270,6 +297,9 @@ impl Metrics {
         for reason in ["cap", "address_share"] {
             drop(connections_refused.get_or_create(&ReasonLabel { reason }));
         }
+        for cache in READ_CACHES {
+            drop(read_cache_bytes.get_or_create(&CacheLabel { cache }));
+        }
         for status in HIT_STATUSES {
             drop(hits.get_or_create(&StatusLabel { status }));
         }
@@ -299,6 +329,7 @@ impl Metrics {
             batch_records,
             connections_open,
             connections_refused,
+            read_cache_bytes,
             requests_refused,
             connections_cut,
             filtered_untallied,
@@ -419,6 +450,9 @@ mod tests {
         }
         for code in REJECT_CODES {
             assert!(text.contains(&format!("tally_rejected_total{{code=\"{code}\"}} 0")));
+        }
+        for cache in READ_CACHES {
+            assert!(text.contains(&format!("tally_read_cache_bytes{{cache=\"{cache}\"}} 0")));
         }
     }
 }

@@ -131,7 +131,8 @@ pub struct ServeArgs {
     /// Batch requests (`/api/v1/events`) read and parsed at once; more get 503.
     #[arg(long, env = "TALLY_BATCH_CONCURRENCY")]
     pub batch_concurrency: Option<usize>,
-    /// MiB of sealed day segments the analytics keep in memory (default 128).
+    /// MiB the analytics keep in memory: sealed day segments and recent questions' results
+    /// over them, together (default 64; results take at most half).
     #[arg(long, env = "TALLY_ANALYTICS_CACHE_MB")]
     pub analytics_cache_mb: Option<usize>,
     /// A location database in MaxMind's format (GeoIP2/GeoLite2 Country or City, or DB-IP's
@@ -688,8 +689,9 @@ impl ServeConfig {
             analytics_cache_bytes: args
                 .analytics_cache_mb
                 .or(f.analytics_cache_mb)
-                .unwrap_or(128)
-                .saturating_mul(1 << 20),
+                .map_or(crate::store::analytics::DEFAULT_BUDGET_BYTES, |mb| {
+                    mb.saturating_mul(1 << 20)
+                }),
             geoip: args.geoip.or(f.geoip),
             server: server_config(ServerFlags {
                 header_timeout_secs: args.header_timeout_secs.or(f.header_timeout_secs),

@@ -10,13 +10,14 @@
 //!   between the index and the read of its parts restarts the answer.
 //! - **Bounded.** The days of a range are read and evaluated in chunks of [`CHUNK_DAYS`], the
 //!   next read while one is counted: a question holds at most two chunks it does not keep.
-//!   Kept parts (visits and events parts apart: most questions read only the visits part)
-//!   stay under the budget, the oldest kept first to go. Dictionary entries stay under their
-//!   own budget.
+//! - **One budget.** Kept question states and kept parts share one budget of bytes
+//!   (`--analytics-cache-mb`): states take at most half of it (none over a quarter), parts
+//!   what the states leave (visits and events parts apart: most questions read only the
+//!   visits part), the oldest kept of each first to go. A state kept evicts parts until both
+//!   fit. Dictionary entries stay under their own budget.
 //! - **Kept states are exact.** Each question's state over the sealed days of its range is
-//!   kept (within a quarter of the budget, oldest first to go) with the days and versions it
-//!   counted, and used again only for exactly those days at those versions; the open days
-//!   are always counted anew, apart, and the answer finished over the kept state, which is
+//!   kept with the days and versions it counted, and used again only for exactly those
+//!   days at those versions; the open days are always counted anew, apart, and the answer finished over the kept state, which is
 //!   shared, never copied ([`Evaluator::finish_over`]). A repeated question costs its open
 //!   days. Time rows of sealed days are kept as counts ([`Evaluator::close_sealed`]): no
 //!   open day adds to them. A state is named by how its question counts
@@ -56,8 +57,8 @@ use crate::core::ids::SiteId;
 use crate::core::query::{self, Answer, DayInput, Evaluator, Extra, Invalid, Query};
 use crate::core::segment::{self, Decoded, Events, Segment};
 
-/// Default budget of kept segment parts, bytes.
-pub const DEFAULT_BUDGET_BYTES: usize = 128 << 20;
+/// Default budget of kept segment parts and question states together, bytes.
+pub const DEFAULT_BUDGET_BYTES: usize = 64 << 20;
 
 /// Days read and evaluated at a time.
 pub const CHUNK_DAYS: usize = 31;
@@ -84,6 +85,8 @@ struct SiteDict {
     pages: HashMap<u32, Arc<str>>,
     srcs: HashMap<u32, SourceDims>,
     agents: HashMap<u32, AgentDims>,
+    /// Estimated bytes of the entries.
+    bytes: usize,
 }
 
 impl query::Dictionary for SiteDict {
@@ -163,12 +166,30 @@ struct Kept {
     dict_bytes: usize,
 }
 
+impl Kept {
+    /// Drop the oldest kept parts until they hold at most `room` bytes.
+    fn evict_to(&mut self, room: usize) {
+        while self.bytes > room {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, gone)) = self.parts.remove(&old) {
+                self.bytes -= gone.size();
+            }
+        }
+    }
+}
+
 /// The analytics of every site of one store.
 pub struct Analytics {
     source: Arc<dyn SegmentSource>,
     kept: Mutex<Kept>,
+    /// Bytes of kept parts and kept states together ([`Analytics::parts_room`]).
     budget: usize,
     partials: Mutex<Partials>,
+    /// `Partials::bytes`, readable without the states' lock: parts may take what the states
+    /// leave of the budget. Written under the states' lock, read under the parts' lock.
+    states_bytes: std::sync::atomic::AtomicUsize,
     /// A turn per state key being counted over sealed days now: a read that misses a state
     /// another read is counting waits for it and takes the kept state, instead of counting
     /// the same days beside it (64 readers of one dashboard count it once).
@@ -179,9 +200,9 @@ pub struct Analytics {
     days: std::sync::atomic::AtomicU64,
 }
 
-/// Kept question states ([`Partials`]) may use one part in this many of the budget of kept
-/// segment parts (besides it).
-const PARTIALS_SHARE: usize = 4;
+/// Kept question states ([`Partials`]) may use one part in this many of the budget (and
+/// parts what they leave); a single state at most half of that share.
+const STATES_SHARE: usize = 2;
 
 /// Each recent question's state over the sealed days of its range, by site, zone, range and
 /// question, with the days and versions it counted: a repeated question counts only its open
@@ -577,6 +598,7 @@ impl Analytics {
             kept: Mutex::default(),
             budget,
             partials: Mutex::default(),
+            states_bytes: std::sync::atomic::AtomicUsize::new(0),
             turns: Mutex::default(),
             counted: std::sync::atomic::AtomicU64::new(0),
             days: std::sync::atomic::AtomicU64::new(0),
@@ -811,12 +833,20 @@ impl Analytics {
                     .collect()
             })
             .await?;
-            let mut partials = self.partials();
-            for (i, e) in missed.into_iter().zip(counted) {
-                let e = Arc::new(e);
-                partials.keep(&keys[i], &index.sealed, &e, self.budget / PARTIALS_SHARE);
-                bases[i] = Some(e);
+            {
+                let mut partials = self.partials();
+                for (i, e) in missed.into_iter().zip(counted) {
+                    let e = Arc::new(e);
+                    partials.keep(&keys[i], &index.sealed, &e, self.budget / STATES_SHARE);
+                    self.states_bytes
+                        .store(partials.bytes, std::sync::atomic::Ordering::Relaxed);
+                    bases[i] = Some(e);
+                }
             }
+            // The states kept take their bytes from the parts'.
+            let mut kept = self.kept();
+            let room = self.parts_room();
+            kept.evict_to(room);
         }
         // Then the open days, every question.
         if !open.is_empty() {
@@ -1221,22 +1251,33 @@ impl Analytics {
         Ok(Ok(days))
     }
 
-    /// Keep freshly read parts, within the budget.
+    /// Bytes kept parts may hold now: the budget less what the kept states hold. Read it
+    /// under the parts' lock: a state kept after the read then evicts under that lock too.
+    fn parts_room(&self) -> usize {
+        let states = self.states_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        self.budget.saturating_sub(states)
+    }
+
+    /// Bytes kept now: segment parts, question states and dictionaries (for `/metrics`).
+    pub fn kept_bytes(&self) -> (usize, usize, usize) {
+        let (parts, dicts) = {
+            let kept = self.kept();
+            (kept.bytes, kept.dict_bytes)
+        };
+        let states = self.states_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        (parts, states, dicts)
+    }
+
+    /// Keep freshly read parts, within what the kept states leave of the budget.
     fn keep(&self, site: &str, fresh: Vec<(Date, i64, KeptPart)>) {
         let mut kept = self.kept();
+        let room = self.parts_room();
         for (day, version, part) in fresh {
             let bytes = part.size();
-            if bytes > self.budget {
+            if bytes > room {
                 continue;
             }
-            while kept.bytes + bytes > self.budget {
-                let Some(old) = kept.order.pop_front() else {
-                    break;
-                };
-                if let Some((_, gone)) = kept.parts.remove(&old) {
-                    kept.bytes -= gone.size();
-                }
-            }
+            kept.evict_to(room - bytes);
             let which = match part {
                 KeptPart::Visits(_) => Part::Visits,
                 KeptPart::Events(_) => Part::Events,
@@ -1310,13 +1351,16 @@ impl Analytics {
                 _ => {}
             }
         }
+        grown.bytes += added;
         let grown = Arc::new(grown);
         let mut kept = self.kept();
-        kept.dict_bytes += added;
+        // The grown copy replaces the site's kept one (which another read may have grown).
+        let replaced = kept.dicts.get(site.as_str()).map_or(0, |d| d.bytes);
+        kept.dict_bytes = kept.dict_bytes.saturating_sub(replaced) + grown.bytes;
         if kept.dict_bytes > DICTIONARY_BUDGET {
             // Start over; this read keeps its own copy.
             kept.dicts.clear();
-            kept.dict_bytes = added;
+            kept.dict_bytes = grown.bytes;
         }
         kept.dicts
             .insert(site.as_str().to_owned(), Arc::clone(&grown));

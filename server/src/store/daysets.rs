@@ -142,6 +142,11 @@ impl DaySets {
         }
     }
 
+    /// Estimated bytes kept now: the numbering and the kept bitmaps.
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.inner.lock().map_or(0, |inner| inner.estimated_bytes())
+    }
+
     /// Begin counting the distinct visitors of `scope` and `source` over `days`, each a day
     /// and the visitors its counter row holds now, read at set generation `generation`. The
     /// days not kept are [`Union::missing`]: the caller reads each one's set and hands it to

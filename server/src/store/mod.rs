@@ -806,6 +806,13 @@ pub trait Maintenance: Send + Sync {
     /// Free bytes on the database's filesystem, if the backend has one (cheap; for metrics).
     fn free_bytes(&self) -> Option<u64>;
 
+    /// Estimated bytes the store keeps for reads: the v1 reads' per-day visitor sets with
+    /// their numbering, and the visitor numbers looked up for the analytics' open days
+    /// (cheap; for metrics).
+    fn kept_bytes(&self) -> (usize, usize) {
+        (0, 0)
+    }
+
     /// At a clean stop, once every write is committed: fold what the backend keeps beside
     /// its data into it, so a stopped collector leaves only its database on disk (SQLite:
     /// checkpoint the WAL into the main file and truncate it). Best effort and a no-op where

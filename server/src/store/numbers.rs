@@ -41,6 +41,11 @@ const PER_GENERATION: usize = 229_376;
 
 type Key = (i64, [u8; 16]);
 
+/// Estimated bytes per key kept with its number (key, number, padding, control byte) and per
+/// key kept without one.
+const BYTES_PER_NUMBERED: usize = 33;
+const BYTES_PER_MISSING: usize = 25;
+
 /// Numbers and missing numbers one store has looked up or assigned.
 #[derive(Default)]
 pub(crate) struct Numbers {
@@ -121,6 +126,14 @@ impl Numbers {
         for (key, num) in assigned {
             numbers.insert(site, key, num);
         }
+    }
+
+    /// Estimated bytes of `cache`'s tables: each bucket a key, a number and a control byte
+    /// (without the number for keys kept without one).
+    pub(crate) fn estimated_bytes(cache: &Mutex<Numbers>) -> usize {
+        let numbers = lock(cache);
+        let with = numbers.young.capacity() + numbers.old.capacity();
+        with * BYTES_PER_NUMBERED + numbers.missing.capacity() * BYTES_PER_MISSING
     }
 
     /// Keep a stored number.

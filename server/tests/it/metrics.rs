@@ -112,3 +112,32 @@ async fn openmetrics_when_the_scraper_asks() {
     );
     app.stop().await;
 }
+
+/// The bytes each read cache keeps: every cache from the first scrape, and the analytics'
+/// dictionary once a read has resolved a page.
+#[tokio::test]
+async fn read_caches_are_on_metrics_from_the_first_scrape() {
+    let mut app = spawn_app().await;
+    let caches = tally::metrics::READ_CACHES;
+    let series = |cache: &str| format!("tally_read_cache_bytes{{cache=\"{cache}\"}}");
+    for cache in caches {
+        assert_eq!(app.metric(&series(cache)).await, Some(0.0), "{cache}");
+    }
+    assert_eq!(
+        app.hit_status(&pageview(&event_id_at(app.now()), None, "/a"))
+            .await,
+        "accepted"
+    );
+    let asked = app
+        .client
+        .post(app.url("/api/v2/query"))
+        .json(&serde_json::json!({"site_id": "blog", "date_range": "day",
+            "metrics": ["visitors"], "dimensions": ["event:page"]}))
+        .send()
+        .await
+        .expect("query");
+    assert_eq!(asked.status(), 200);
+    let dictionaries = app.metric(&series("dictionaries")).await.unwrap_or(0.0);
+    assert!(dictionaries > 0.0, "the page read is kept: {dictionaries}");
+    app.stop().await;
+}

@@ -623,6 +623,83 @@ async fn a_kept_state_grows_by_the_days_sealed_since(db: &impl Harness) {
     );
 }
 
+/// Kept question states and kept segment parts share one budget: a state kept evicts
+/// parts, so both together stay within it, and answers stay those of a roomy cache.
+async fn kept_states_and_parts_share_one_budget(db: &impl Harness) {
+    let store: Arc<dyn Store> = db.handle(None);
+    let days = [D1, D2, date(2026, 3, 4)];
+    let mut records = Vec::new();
+    for (d, day) in days.iter().enumerate() {
+        // Many views of few visitors and pages: parts grow with views, states do not.
+        for i in 0..1_200u16 {
+            let at = format!("{day}T{:02}:{:02}:00Z", i / 60, i % 60);
+            let visitor = u8::try_from((i * 7 + d as u16 * 13) % 60).expect("a byte");
+            let page = format!("/p{}", (i * 3 + d as u16) % 25);
+            records.push(view(i, visitor, &page, &at, ("", "Direct", "Firefox")));
+        }
+    }
+    store.commit(records).await.expect("commit");
+    for day in days {
+        seal(&*store, day).await;
+    }
+    let zone = SiteZone::utc();
+    let (from, to) = (days[0], days[2]);
+    let questions = [
+        q(&[Metric::Visitors, Metric::Visits], &[], vec![]),
+        q(
+            &[Metric::Visitors, Metric::Pageviews],
+            &[Dimension::Page],
+            vec![],
+        ),
+    ];
+    // What a roomy cache keeps: every part and both states.
+    let roomy = Analytics::new(store.clone(), 64 << 20);
+    let want = roomy
+        .answer(&site(), &zone, from, to, &questions)
+        .await
+        .expect("answers");
+    let (parts, states, _) = roomy.kept_bytes();
+    // A budget the states fit (within half, each within a quarter) but not beside the parts.
+    let budget = 4 * states;
+    assert!(
+        states > 0 && parts > budget - states,
+        "parts {parts}, states {states}"
+    );
+    let tight = Analytics::new(store.clone(), budget);
+    for _ in 0..2 {
+        let got = tight
+            .answer(&site(), &zone, from, to, &questions)
+            .await
+            .expect("answers");
+        assert_eq!(got, want);
+        let (kept_parts, kept_states, _) = tight.kept_bytes();
+        assert_eq!(kept_states, states, "both states kept");
+        assert!(
+            kept_parts + kept_states <= budget,
+            "{kept_parts} + {kept_states} bytes kept, budget {budget}"
+        );
+    }
+    assert_eq!(
+        tight.states_counted(),
+        2,
+        "the second read used the kept states"
+    );
+    // Parts read while the states are kept (a month's rollup keeps no state) fit what the
+    // states leave.
+    let index = store.segment_index(&site(), from, to).await.expect("index");
+    let month = tight
+        .count_month(&site(), &zone, date(2026, 3, 1), &index.sealed)
+        .await
+        .expect("counted");
+    assert!(month.is_some(), "the days stayed sealed");
+    let (kept_parts, kept_states, _) = tight.kept_bytes();
+    assert_eq!(kept_states, states);
+    assert!(
+        kept_parts + kept_states <= budget,
+        "{kept_parts} + {kept_states} bytes kept after the month, budget {budget}"
+    );
+}
+
 /// A reader keeps the keys it found without a number (`store::numbers`); a number another
 /// handle gives since (a seal by another collector) is seen at its next read.
 async fn a_number_given_since_a_read_is_seen_at_the_next(db: &impl Harness) {
@@ -734,6 +811,7 @@ macro_rules! segment_checks {
                 answers_stay_exact_across_sealed_and_open_days,
                 verify_recounts_segments_and_repairs_them,
                 concurrent_readers_of_one_question_count_it_once,
+                kept_states_and_parts_share_one_budget,
                 a_kept_state_grows_by_the_days_sealed_since,
                 a_number_given_since_a_read_is_seen_at_the_next,
                 month_rollups_answer_exactly_and_never_go_stale,

@@ -83,7 +83,8 @@ pub struct EdgeOptions {
     pub live_window_secs: u32,
     /// The public base URL new shared links are shown under (`--public-url`), if set.
     pub public_url: Option<String>,
-    /// Bytes of sealed day segments the analytics keep in memory (`--analytics-cache-mb`).
+    /// Bytes of sealed day segments and question states the analytics keep in memory,
+    /// together (`--analytics-cache-mb`).
     pub analytics_cache_bytes: usize,
 }
 

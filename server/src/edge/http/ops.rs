@@ -149,6 +149,17 @@ async fn metrics(
             state.metrics.redis_fallbacks.inc_by(seen - counted);
         }
     }
+    let (segments, states, dictionaries) = state.analytics.kept_bytes();
+    let (day_sets, visitor_numbers) = state.store.kept_bytes();
+    // In the order of READ_CACHES.
+    let kept = [segments, states, dictionaries, day_sets, visitor_numbers];
+    for (cache, bytes) in crate::metrics::READ_CACHES.into_iter().zip(kept) {
+        state
+            .metrics
+            .read_cache_bytes
+            .get_or_create(&crate::metrics::CacheLabel { cache })
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
     if let Some(free) = state.store.free_bytes() {
         state
             .metrics

@@ -26,9 +26,6 @@ use crate::core::query::{Dimension, Grain, Metric, Query, Value};
 use crate::store::Store;
 use crate::store::analytics::Analytics;
 
-/// The segments the export keeps between days (few: each day is read once).
-const BUDGET_BYTES: usize = 16 << 20;
-
 /// The metrics of the breakdown columns, in column order.
 const COLUMNS: [Metric; 6] = [
     Metric::Visitors,
@@ -92,7 +89,9 @@ pub(super) async fn export(
         .into_iter()
         .map(|r| r.day)
         .collect();
-    let analytics = Analytics::new(store, BUDGET_BYTES);
+    // Each day is read and asked once: nothing is worth keeping but the dictionary (kept
+    // apart from this budget).
+    let analytics = Analytics::new(store, 0);
     let dims: Vec<Dimension> = Dimension::ALL
         .iter()
         .map(|(_, d)| *d)

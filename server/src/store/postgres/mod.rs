@@ -735,6 +735,13 @@ impl Maintenance for PgStore {
     fn free_bytes(&self) -> Option<u64> {
         None
     }
+
+    fn kept_bytes(&self) -> (usize, usize) {
+        (
+            self.sets.kept_bytes(),
+            crate::store::numbers::Numbers::estimated_bytes(&self.numbers),
+        )
+    }
 }
 
 /// The smallest UUIDv7 of an instant: ids at or after `ms` sort at or after it.

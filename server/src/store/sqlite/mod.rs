@@ -229,8 +229,9 @@ impl SeenVisitors {
 /// Number of read-only connections.
 const READERS: usize = 4;
 /// Page cache of each reader, KiB (SQLite's negative `cache_size`); also bounds the memory of
-/// sorts before they spill to temporary files.
-const READER_CACHE_KIB: i64 = 8 * 1024;
+/// sorts before they spill to temporary files. Small: the analytics keep what they read
+/// (`store::analytics`), and the operating system's page cache holds the file.
+const READER_CACHE_KIB: i64 = 2 * 1024;
 /// Page cache of the writer, KiB: the visitor sets are written at random places.
 const WRITER_CACHE_KIB: i64 = 16 * 1024;
 
@@ -1011,6 +1012,13 @@ impl Maintenance for SqliteStore {
 
     fn free_bytes(&self) -> Option<u64> {
         self.guard.free_bytes()
+    }
+
+    fn kept_bytes(&self) -> (usize, usize) {
+        (
+            self.sets.kept_bytes(),
+            crate::store::numbers::Numbers::estimated_bytes(&self.numbers),
+        )
     }
 
     async fn close_log(&self) -> Result<(), StoreError> {
