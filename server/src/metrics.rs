@@ -92,13 +92,14 @@ pub struct Metrics {
 
 /// Caches the reads keep, as labelled in `tally_read_cache_bytes`: the analytics' kept
 /// segment parts, question states and dictionaries (`--analytics-cache-mb` holds the first two
-/// together), the v1 reads' kept per-day visitor sets, and the visitor numbers the analytics
-/// looked up for open days.
-pub const READ_CACHES: [&str; 5] = [
+/// together), the v1 reads' kept per-day visitor sets and page rows, and the visitor numbers
+/// the analytics looked up for open days.
+pub const READ_CACHES: [&str; 6] = [
     "segments",
     "states",
     "dictionaries",
     "day_sets",
+    "day_pages",
     "visitor_numbers",
 ];
 

@@ -87,6 +87,11 @@ impl DayPages {
         }
     }
 
+    /// Estimated bytes of the kept lists.
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.inner.lock().map_or(0, |inner| inner.bytes)
+    }
+
     /// Begin summing the page views of the site whose whole-site scope is `site_scope` over
     /// `days`, each a day and its stamp read now at generation `generation` (a day without
     /// whole-site rows has the stamp `[0, 0, 0]`: daily imports may still have given it page

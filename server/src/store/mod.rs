@@ -806,11 +806,9 @@ pub trait Maintenance: Send + Sync {
     /// Free bytes on the database's filesystem, if the backend has one (cheap; for metrics).
     fn free_bytes(&self) -> Option<u64>;
 
-    /// Estimated bytes the store keeps for reads: the v1 reads' per-day visitor sets with
-    /// their numbering, and the visitor numbers looked up for the analytics' open days
-    /// (cheap; for metrics).
-    fn kept_bytes(&self) -> (usize, usize) {
-        (0, 0)
+    /// Estimated bytes the store keeps in memory for reads (cheap; for metrics).
+    fn kept_bytes(&self) -> KeptBytes {
+        KeptBytes::default()
     }
 
     /// At a clean stop, once every write is committed: fold what the backend keeps beside
@@ -820,6 +818,17 @@ pub trait Maintenance: Send + Sync {
     async fn close_log(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// Estimated bytes a store keeps in memory for reads ([`Maintenance::kept_bytes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeptBytes {
+    /// The v1 reads' per-day visitor sets with their numbering (`store::daysets`).
+    pub day_sets: usize,
+    /// The v1 reads' per-day page rows (`store::daypages`).
+    pub day_pages: usize,
+    /// The visitor numbers looked up for the analytics' open days (`store::numbers`).
+    pub visitor_numbers: usize,
 }
 
 /// A whole backend: every job. Implemented for any type that implements the nine job traits;

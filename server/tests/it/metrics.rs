@@ -139,5 +139,14 @@ async fn read_caches_are_on_metrics_from_the_first_scrape() {
     assert_eq!(asked.status(), 200);
     let dictionaries = app.metric(&series("dictionaries")).await.unwrap_or(0.0);
     assert!(dictionaries > 0.0, "the page read is kept: {dictionaries}");
+    // A v1 top list keeps its days' page rows and visitor sets.
+    assert_eq!(
+        app.get("/api/v1/sites/blog/top?range=7d").await.status(),
+        200
+    );
+    for cache in ["day_pages", "day_sets"] {
+        let bytes = app.metric(&series(cache)).await.unwrap_or(0.0);
+        assert!(bytes > 0.0, "{cache} kept nothing after a top list");
+    }
     app.stop().await;
 }

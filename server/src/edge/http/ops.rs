@@ -150,9 +150,16 @@ async fn metrics(
         }
     }
     let (segments, states, dictionaries) = state.analytics.kept_bytes();
-    let (day_sets, visitor_numbers) = state.store.kept_bytes();
+    let store = state.store.kept_bytes();
     // In the order of READ_CACHES.
-    let kept = [segments, states, dictionaries, day_sets, visitor_numbers];
+    let kept = [
+        segments,
+        states,
+        dictionaries,
+        store.day_sets,
+        store.day_pages,
+        store.visitor_numbers,
+    ];
     for (cache, bytes) in crate::metrics::READ_CACHES.into_iter().zip(kept) {
         state
             .metrics

@@ -736,11 +736,12 @@ impl Maintenance for PgStore {
         None
     }
 
-    fn kept_bytes(&self) -> (usize, usize) {
-        (
-            self.sets.kept_bytes(),
-            crate::store::numbers::Numbers::estimated_bytes(&self.numbers),
-        )
+    fn kept_bytes(&self) -> crate::store::KeptBytes {
+        crate::store::KeptBytes {
+            day_sets: self.sets.kept_bytes(),
+            day_pages: self.pages.kept_bytes(),
+            visitor_numbers: crate::store::numbers::Numbers::estimated_bytes(&self.numbers),
+        }
     }
 }
 

@@ -1014,11 +1014,12 @@ impl Maintenance for SqliteStore {
         self.guard.free_bytes()
     }
 
-    fn kept_bytes(&self) -> (usize, usize) {
-        (
-            self.sets.kept_bytes(),
-            crate::store::numbers::Numbers::estimated_bytes(&self.numbers),
-        )
+    fn kept_bytes(&self) -> crate::store::KeptBytes {
+        crate::store::KeptBytes {
+            day_sets: self.sets.kept_bytes(),
+            day_pages: self.pages.kept_bytes(),
+            visitor_numbers: crate::store::numbers::Numbers::estimated_bytes(&self.numbers),
+        }
     }
 
     async fn close_log(&self) -> Result<(), StoreError> {
