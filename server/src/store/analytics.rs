@@ -17,8 +17,8 @@
 //!   fit. Dictionary entries stay under their own budget.
 //! - **Kept states are exact.** Each question's state over the sealed days of its range is
 //!   kept with the days and versions it counted, and used again only for exactly those
-//!   days at those versions; the open days are always counted anew, apart, and the answer finished over the kept state, which is
-//!   shared, never copied ([`Evaluator::finish_over`]). A repeated question costs its open
+//!   days at those versions; the open days are always counted anew, apart, and the answer
+//!   finished over the kept state, which is shared, never copied ([`Evaluator::finish_over`]). A repeated question costs its open
 //!   days. Time rows of sealed days are kept as counts ([`Evaluator::close_sealed`]): no
 //!   open day adds to them. A state is named by how its question counts
 //!   ([`Evaluator::counting_key`]), so another page, order or metric of the same sums uses

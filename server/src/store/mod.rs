@@ -831,6 +831,21 @@ pub struct KeptBytes {
     pub visitor_numbers: usize,
 }
 
+impl KeptBytes {
+    /// What a store's three read caches hold now.
+    pub(crate) fn of(
+        sets: &daysets::DaySets,
+        pages: &daypages::DayPages,
+        numbers: &std::sync::Mutex<numbers::Numbers>,
+    ) -> Self {
+        Self {
+            day_sets: sets.kept_bytes(),
+            day_pages: pages.kept_bytes(),
+            visitor_numbers: numbers::Numbers::estimated_bytes(numbers),
+        }
+    }
+}
+
 /// A whole backend: every job. Implemented for any type that implements the nine job traits;
 /// code that needs one job takes that trait (`Arc<dyn SiteStore>` coerces from
 /// `Arc<dyn Store>`).

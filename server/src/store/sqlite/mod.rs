@@ -1015,11 +1015,7 @@ impl Maintenance for SqliteStore {
     }
 
     fn kept_bytes(&self) -> crate::store::KeptBytes {
-        crate::store::KeptBytes {
-            day_sets: self.sets.kept_bytes(),
-            day_pages: self.pages.kept_bytes(),
-            visitor_numbers: crate::store::numbers::Numbers::estimated_bytes(&self.numbers),
-        }
+        crate::store::KeptBytes::of(&self.sets, &self.pages, &self.numbers)
     }
 
     async fn close_log(&self) -> Result<(), StoreError> {
