@@ -877,7 +877,9 @@ impl Analytics {
     /// `range` of `site` that stored month states ([`rollups`]) give, merged, and the days
     /// of `sealed` (the range's sealed days) they leave to count. A month is used only when every question has a state of it over
     /// exactly the range's sealed days of that month, at their versions; a month the range
-    /// starts inside is not read. `None` when no month is used.
+    /// starts inside is not read. `None` when no month is used. Each month's states are read
+    /// while the month before is loaded and merged: at most two months' stored bytes are held
+    /// at once.
     async fn stored_months(
         &self,
         site: &SiteId,
@@ -899,35 +901,48 @@ impl Analytics {
         for d in sealed {
             by_month.entry(rollups::month_of(d.0)).or_default().push(*d);
         }
-        let asked = Arc::new(asked);
-        let mut bases: Option<Vec<Evaluator>> = None;
         let mut lacking = Vec::new();
+        let mut months = Vec::new();
         for (month, days) in by_month {
             if month < from {
                 lacking.extend(days);
-                continue;
+            } else {
+                months.push((month, days));
             }
-            let stored: HashMap<String, rollups::RollupState> = self
-                .source
-                .rollup_states(site, month, keys.clone())
-                .await?
-                .into_iter()
-                .filter(|s| s.days == days)
-                .map(|s| (s.key.clone(), s))
-                .collect();
-            if !keys.iter().all(|k| stored.contains_key(k)) {
+        }
+        // Each month's states are read while the month before is loaded and merged.
+        let mut months = months.into_iter();
+        let mut next = match months.next() {
+            Some((month, days)) => Some(self.month_states(site, month, &keys, days).await?),
+            None => None,
+        };
+        let asked = Arc::new(asked);
+        let mut bases: Option<Vec<Evaluator>> = None;
+        while let Some((month, days, states)) = next.take() {
+            let following = months.next();
+            let read_next = async {
+                match following {
+                    Some((month, days)) => {
+                        self.month_states(site, month, &keys, days).await.map(Some)
+                    }
+                    None => Ok(None),
+                }
+            };
+            let Some(states) = states else {
                 lacking.extend(days);
+                next = read_next.await?;
                 continue;
-            }
+            };
             let (asked, zone) = (Arc::clone(&asked), zone.clone());
             let prior = bases.take();
             // All of the month's states loaded before any is merged: one that cannot be read
             // leaves the month to be counted (until `verify --repair` replaces it), never
             // half merged.
-            let (merged, refused) = yielding(move || {
+            let merge = yielding(move || {
                 let loaded: Result<Vec<Evaluator>, query::StateError> = asked
                     .iter()
-                    .map(|(q, k)| Evaluator::load(q, from, to, &zone, &stored[k].state))
+                    .zip(&states)
+                    .map(|((q, _), state)| Evaluator::load(q, from, to, &zone, state))
                     .collect();
                 match (loaded, prior) {
                     (Ok(loaded), None) => (Some(loaded), None),
@@ -939,15 +954,38 @@ impl Analytics {
                     }
                     (Err(e), prior) => (prior, Some(e)),
                 }
-            })
-            .await?;
+            });
+            let (merged, read) = tokio::join!(merge, read_next);
+            let (merged, refused) = merged?;
             bases = merged;
             if let Some(e) = refused {
                 tracing::warn!(site = %site, %month, error = %e, "a stored month state was refused; counting its days");
                 lacking.extend(days);
             }
+            next = read?;
         }
         Ok(bases.map(|b| (b, lacking)))
+    }
+
+    /// The stored states of `keys` (in their order) for `month` of `site`, with the month's
+    /// sealed `days`; `None` when one of them is missing or counted other days.
+    async fn month_states(
+        &self,
+        site: &SiteId,
+        month: Date,
+        keys: &[String],
+        days: Vec<(Date, i64)>,
+    ) -> Result<(Date, Vec<(Date, i64)>, Option<Vec<Vec<u8>>>), StoreError> {
+        let mut stored: HashMap<String, Vec<u8>> = self
+            .source
+            .rollup_states(site, month, keys.to_vec())
+            .await?
+            .into_iter()
+            .filter(|s| s.days == days)
+            .map(|s| (s.key, s.state))
+            .collect();
+        let states = keys.iter().map(|k| stored.remove(k)).collect();
+        Ok((month, days, states))
     }
 
     /// Store the state of every question of [`rollups::questions`] over each month of
