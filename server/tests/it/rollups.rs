@@ -122,6 +122,10 @@ pub(crate) async fn month_rollups_answer_exactly_and_never_go_stale(db: &impl Ha
         "the late view is in the answer"
     );
     seal(&*store, D1).await;
+    // A range that starts inside February, counted day by day while March's state is stale
+    // (every answer, to compare with the one that takes March from its state below).
+    let (part_counted, days) = answers(&store, date(2026, 2, 15), to).await;
+    assert_eq!(days, 3 * questions().len() as u64, "F2, D1 and D2 counted");
     assert_eq!(
         roller.roll_up(&site(), &zone, D2).await.expect("roll"),
         1,
@@ -138,6 +142,10 @@ pub(crate) async fn month_rollups_answer_exactly_and_never_go_stale(db: &impl Ha
         part[0].rows[0].metrics[0],
         tally::core::query::Value::Int(5),
         "visitors 1 to 5 (3 on F2, 1, 2, 4, 5 in March)"
+    );
+    assert_eq!(
+        part, part_counted,
+        "February's days counted beside March's state answer as counting every day"
     );
 }
 
