@@ -877,9 +877,9 @@ impl Analytics {
     /// `range` of `site` that stored month states ([`rollups`]) give, merged, and the days
     /// of `sealed` (the range's sealed days) they leave to count. A month is used only when every question has a state of it over
     /// exactly the range's sealed days of that month, at their versions; a month the range
-    /// starts inside is not read. `None` when no month is used. Each month's states are read
-    /// while the month before is loaded and merged: at most two months' stored bytes are held
-    /// at once.
+    /// starts inside is not read. `None` when no month is used. The next month's states are
+    /// read while a month is loaded and merged: at most two months' stored bytes are held at
+    /// once.
     async fn stored_months(
         &self,
         site: &SiteId,
@@ -910,7 +910,7 @@ impl Analytics {
                 months.push((month, days));
             }
         }
-        // Each month's states are read while the month before is loaded and merged.
+        // The next month's states are read while a month is loaded and merged.
         let mut months = months.into_iter();
         let mut next = match months.next() {
             Some((month, days)) => Some(self.month_states(site, month, &keys, days).await?),
@@ -976,7 +976,7 @@ impl Analytics {
         keys: &[String],
         days: Vec<(Date, i64)>,
     ) -> Result<(Date, Vec<(Date, i64)>, Option<Vec<Vec<u8>>>), StoreError> {
-        let mut stored: HashMap<String, Vec<u8>> = self
+        let stored: HashMap<String, Vec<u8>> = self
             .source
             .rollup_states(site, month, keys.to_vec())
             .await?
@@ -984,7 +984,8 @@ impl Analytics {
             .filter(|s| s.days == days)
             .map(|s| (s.key, s.state))
             .collect();
-        let states = keys.iter().map(|k| stored.remove(k)).collect();
+        // A key asked twice (two questions of one counting key) reads the same state.
+        let states = keys.iter().map(|k| stored.get(k).cloned()).collect();
         Ok((month, days, states))
     }
 

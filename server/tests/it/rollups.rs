@@ -100,6 +100,15 @@ pub(crate) async fn month_rollups_answer_exactly_and_never_go_stale(db: &impl Ha
     let (rolled, days) = answers(&store, from, to).await;
     assert_eq!(days, 0, "both months read from their stored states");
     assert_eq!(rolled, counted);
+    // Two questions of one counting key read the same stored state.
+    let twice = Analytics::new(store.clone(), 64 << 20);
+    let asked = [questions()[0].clone(), questions()[0].clone()];
+    let both = twice
+        .answer(&site(), &zone, from, to, &asked)
+        .await
+        .expect("answers");
+    assert_eq!(twice.days_counted(), 0, "one state read for both questions");
+    assert_eq!(both, [counted[0].clone(), counted[0].clone()]);
 
     // A late view of a sealed day unseals it: March's state no longer names its days.
     store
