@@ -18,12 +18,13 @@
 //! - **Kept states are exact.** Each question's state over the sealed days of its range is
 //!   kept with the days and versions it counted, and used again only for exactly those
 //!   days at those versions; the open days are always counted anew, apart, and the answer
-//!   finished over the kept state, which is shared, never copied ([`Evaluator::finish_over`]). A repeated question costs its open
-//!   days. Time rows of sealed days are kept as counts ([`Evaluator::close_sealed`]): no
-//!   open day adds to them. A state is named by how its question counts
-//!   ([`Evaluator::counting_key`]), so another page, order or metric of the same sums uses
-//!   it too. A kept state over some of the sealed days (each still at its version) grows by
-//!   the days it lacks, counted alone and merged: the seal of yesterday costs one day.
+//!   finished over the kept state, which is shared, never copied
+//!   ([`Evaluator::finish_over`]). A repeated question costs its open days. Time rows of
+//!   sealed days are kept as counts ([`Evaluator::close_sealed`]): no open day adds to them.
+//!   A state is named by how its question counts ([`Evaluator::counting_key`]), so another
+//!   page, order or metric of the same sums uses it too. A kept state over some of the
+//!   sealed days (each still at its version) grows by the days it lacks, counted alone and
+//!   merged: the seal of yesterday costs one day.
 //! - **Counted once.** Reads missing the same state take turns: one counts it, the others
 //!   wait and take what it kept (turns are taken in key order, so reads never wait on each
 //!   other in a cycle).
@@ -875,11 +876,11 @@ impl Analytics {
 
     /// The states of the `asked` questions (each with its [`rollups::key`]) over the days
     /// `range` of `site` that stored month states ([`rollups`]) give, merged, and the days
-    /// of `sealed` (the range's sealed days) they leave to count. A month is used only when every question has a state of it over
-    /// exactly the range's sealed days of that month, at their versions; a month the range
-    /// starts inside is not read. `None` when no month is used. The next month's states are
-    /// read while a month is loaded and merged: at most two months' stored bytes are held at
-    /// once.
+    /// of `sealed` (the range's sealed days) they leave to count. A month is used only when
+    /// every question has a state of it over exactly the range's sealed days of that month,
+    /// at their versions; a month the range starts inside is not read. `None` when no month
+    /// is used. The next month's states are read while a month is loaded and merged: at most
+    /// two months' stored bytes are held at once.
     async fn stored_months(
         &self,
         site: &SiteId,
