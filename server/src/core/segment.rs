@@ -107,6 +107,38 @@ impl Column {
         (0..self.len).map(|i| self.get(i))
     }
 
+    /// Every value folded into `init`, in one tight loop per width (a whole column read
+    /// through [`Column::get`] pays its width match at every value, several times the fold).
+    fn fold<T>(&self, init: T, f: impl Fn(T, u32) -> T) -> T {
+        let w = usize::from(self.width);
+        let Some(bytes) = self.data.get(self.off..self.off + self.len * w) else {
+            return init;
+        };
+        match w {
+            0 => (0..self.len).fold(init, |a, _| f(a, 0)),
+            1 => bytes.iter().fold(init, |a, b| f(a, u32::from(*b))),
+            2 => bytes.chunks_exact(2).fold(init, |a, c| {
+                f(a, u32::from(u16::from_le_bytes([c[0], c[1]])))
+            }),
+            3 => bytes
+                .chunks_exact(3)
+                .fold(init, |a, c| f(a, u32::from_le_bytes([c[0], c[1], c[2], 0]))),
+            _ => bytes.chunks_exact(4).fold(init, |a, c| {
+                f(a, u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            }),
+        }
+    }
+
+    /// The largest value (0 when empty).
+    pub fn max(&self) -> u32 {
+        self.fold(0, u32::max)
+    }
+
+    /// The values summed.
+    pub fn sum(&self) -> u64 {
+        self.fold(0, |a, v| a + u64::from(v))
+    }
+
     pub fn to_vec(&self) -> Vec<u32> {
         let mut out = Vec::new();
         self.decode_into(&mut out);
@@ -508,7 +540,8 @@ impl Reader {
             width,
         };
         if let Some(bound) = bound
-            && col.iter().any(|v| v as usize >= bound)
+            && !col.is_empty()
+            && col.max() as usize >= bound
         {
             return Err(DecodeError("an index is out of range"));
         }
@@ -601,8 +634,7 @@ impl Segment {
             agent: r.column(visits, Some(agents))?,
         };
         r.end()?;
-        let sum = |c: &Column| c.iter().map(|n| n as usize).sum::<usize>();
-        if sum(&v.pageviews) != pageview_count || sum(&v.events) != custom_count {
+        if v.pageviews.sum() != pageview_count as u64 || v.events.sum() != custom_count as u64 {
             return Err(DecodeError("the visits do not add up to their events"));
         }
         Ok(Segment {
@@ -805,5 +837,29 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] = 5;
         assert!(Segment::decode(bytes).is_err());
+    }
+
+    #[test]
+    fn max_and_sum_read_every_width_as_get_does() {
+        for values in [
+            vec![],
+            vec![0, 0, 0],
+            vec![3, 200, 7],
+            vec![1, 65_535, 300],
+            vec![70_000, 16_777_215, 9],
+            vec![u32::MAX, 1, u32::MAX - 5],
+        ] {
+            let mut bytes = Vec::new();
+            put_column(&mut bytes, &values);
+            let mut r = Reader {
+                bytes: Arc::from(bytes),
+                at: 0,
+            };
+            let col = r.column(values.len(), None).expect("column");
+            let by_get: Vec<u32> = (0..col.len()).map(|i| col.get(i)).collect();
+            assert_eq!(by_get, values);
+            assert_eq!(col.max(), values.iter().copied().max().unwrap_or(0));
+            assert_eq!(col.sum(), values.iter().map(|v| u64::from(*v)).sum::<u64>());
+        }
     }
 }
