@@ -12,7 +12,7 @@ use jiff::civil::Date;
 use super::{Dimension, Filter, Grain, VisitDim};
 use crate::core::day::SiteZone;
 use crate::core::dims::{AgentDims, SourceDims};
-use crate::core::segment::{Events, Segment};
+use crate::core::segment::{Column, Events, Segment};
 
 /// What the evaluator needs to know of stored ids.
 pub trait Dictionary {
@@ -69,6 +69,11 @@ pub(super) enum Slot {
     Page,
     Name,
     Time(Grain),
+}
+
+/// Whether a visit dimension is a field of the source tuple (`SourceDims`).
+fn is_src_dim(dim: VisitDim) -> bool {
+    !is_agent_dim(dim) && !matches!(dim, VisitDim::EntryPage | VisitDim::ExitPage)
 }
 
 fn is_agent_dim(dim: VisitDim) -> bool {
@@ -139,13 +144,27 @@ static EMPTY_AGENT: AgentDims = AgentDims {
     region: String::new(),
 };
 
-/// A stored id's filter verdict and value numbers (per dimension position).
-type Verdict = (bool, Vec<u32>);
+/// Stored ids of one kind of tuple (sources or agents), packed (no allocation per id, so a
+/// day's lookups stay in few cache lines): id → memo index, then per index its filter
+/// verdict and the value number of each dimension position in turn.
+#[derive(Default, Clone)]
+pub(super) struct Packed {
+    index: HashMap<u32, u32, foldhash::fast::RandomState>,
+    ok: Vec<bool>,
+    values: Vec<u32>,
+}
+
+impl Packed {
+    fn size(&self) -> usize {
+        self.index.len() * 16 + self.ok.len() + self.values.len() * 4
+    }
+}
+
 /// What one question memoises across its segments.
 #[derive(Default, Clone)]
 pub(super) struct Memo {
-    srcs: HashMap<u32, Verdict, foldhash::fast::RandomState>,
-    agents: HashMap<u32, Verdict, foldhash::fast::RandomState>,
+    srcs: Packed,
+    agents: Packed,
     /// Pages (a site may have 100,000s, so packed): stored id → memo index, then per index
     /// its verdicts (bit 0 entry, 1 exit, 2 event page) and the value number of each
     /// page-valued dimension position in turn.
@@ -157,11 +176,8 @@ pub(super) struct Memo {
 impl Memo {
     /// About how many bytes the memo holds.
     pub(super) fn size(&self) -> usize {
-        let verdicts = |m: &HashMap<u32, Verdict, _>| -> usize {
-            m.values().map(|(_, v)| 40 + v.len() * 4).sum()
-        };
-        verdicts(&self.srcs)
-            + verdicts(&self.agents)
+        self.srcs.size()
+            + self.agents.size()
             + self.pages.len() * 16
             + self.page_flags.len()
             + self.page_values.len() * 4
@@ -247,6 +263,56 @@ fn hours_of(day: Date, zone: &SiteZone, day_start_ms: i64) -> Vec<(u32, i8)> {
     out
 }
 
+/// One kind of tuple of a segment (`ids`, its local dictionary: sources or agents) resolved
+/// through `memo`: per local index, whether it passes the visit filters on dimensions of that
+/// kind (`is_kind`) into `ok`, and for each slot keyed by such a dimension (`slot_dim`) its
+/// value number into that slot's `local_values`. A kind no slot keys by and no filter looks
+/// at passes whole, unread.
+#[allow(clippy::type_complexity)]
+fn tuples<'d>(
+    ids: &Column,
+    memo: &mut Packed,
+    (slot_dim, is_kind): (fn(&Slot) -> Option<VisitDim>, fn(VisitDim) -> bool),
+    lookup: impl Fn(u32) -> (&'d SourceDims, &'d AgentDims),
+    (slots, visit_filters, values): (&[Slot], &[Filter], &mut [Values]),
+    (ok, local_values): (&mut Vec<bool>, &mut [Vec<u32>]),
+) {
+    let filtered = visit_filters
+        .iter()
+        .any(|f| matches!(f.dimension, Dimension::Visit(d) if is_kind(d)));
+    if !filtered && !slots.iter().any(|s| slot_dim(s).is_some()) {
+        *ok = vec![true; ids.len()];
+        return;
+    }
+    let width = slots.len();
+    for id in ids.iter() {
+        let at = match memo.index.get(&id) {
+            Some(&at) => at as usize,
+            None => {
+                let (src, agent) = lookup(id);
+                let at = memo.ok.len();
+                memo.ok
+                    .push(visit_filters.iter().all(|f| match f.dimension {
+                        Dimension::Visit(d) if is_kind(d) => f.accepts(visit_value(d, src, agent)),
+                        _ => true,
+                    }));
+                for (k, s) in slots.iter().enumerate() {
+                    let v = slot_dim(s).map_or(0, |d| values[k].id(visit_value(d, src, agent)));
+                    memo.values.push(v);
+                }
+                memo.index.insert(id, at as u32);
+                at
+            }
+        };
+        ok.push(memo.ok[at]);
+        for (k, s) in slots.iter().enumerate() {
+            if slot_dim(s).is_some() {
+                local_values[k].push(memo.values[at * width + k]);
+            }
+        }
+    }
+}
+
 /// Everything `slots` and `filters` look at in one segment (`events`: its events part, when
 /// the question reads events).
 #[allow(clippy::too_many_arguments)]
@@ -276,61 +342,34 @@ pub(super) fn resolve(
         hours: Vec::new(),
         time_ids: Vec::new(),
     };
-    for id in seg.srcs.iter() {
-        let (ok, vals) = memo.srcs.entry(id).or_insert_with(|| {
-            let src = dict.source(id).unwrap_or(&EMPTY_SRC);
-            let ok = visit_filters.iter().all(|f| match f.dimension {
-                Dimension::Visit(d)
-                    if !is_agent_dim(d)
-                        && !matches!(d, VisitDim::EntryPage | VisitDim::ExitPage) =>
-                {
-                    f.accepts(visit_value(d, src, &EMPTY_AGENT))
-                }
-                _ => true,
-            });
-            let vals = slots
-                .iter()
-                .enumerate()
-                .map(|(k, s)| match s {
-                    Slot::Src(d) => values[k].id(visit_value(*d, src, &EMPTY_AGENT)),
-                    _ => 0,
-                })
-                .collect();
-            (ok, vals)
-        });
-        local.src_ok.push(*ok);
-        for (k, s) in slots.iter().enumerate() {
-            if matches!(s, Slot::Src(_)) {
-                local.values[k].push(vals[k]);
-            }
-        }
-    }
-    for id in seg.agents.iter() {
-        let (ok, vals) = memo.agents.entry(id).or_insert_with(|| {
-            let agent = dict.agent(id).unwrap_or(&EMPTY_AGENT);
-            let ok = visit_filters.iter().all(|f| match f.dimension {
-                Dimension::Visit(d) if is_agent_dim(d) => {
-                    f.accepts(visit_value(d, &EMPTY_SRC, agent))
-                }
-                _ => true,
-            });
-            let vals = slots
-                .iter()
-                .enumerate()
-                .map(|(k, s)| match s {
-                    Slot::Agent(d) => values[k].id(visit_value(*d, &EMPTY_SRC, agent)),
-                    _ => 0,
-                })
-                .collect();
-            (ok, vals)
-        });
-        local.agent_ok.push(*ok);
-        for (k, s) in slots.iter().enumerate() {
-            if matches!(s, Slot::Agent(_)) {
-                local.values[k].push(vals[k]);
-            }
-        }
-    }
+    tuples(
+        &seg.srcs,
+        &mut memo.srcs,
+        (
+            |s| match s {
+                Slot::Src(d) => Some(*d),
+                _ => None,
+            },
+            is_src_dim,
+        ),
+        |id| (dict.source(id).unwrap_or(&EMPTY_SRC), &EMPTY_AGENT),
+        (slots, visit_filters, values),
+        (&mut local.src_ok, &mut local.values),
+    );
+    tuples(
+        &seg.agents,
+        &mut memo.agents,
+        (
+            |s| match s {
+                Slot::Agent(d) => Some(*d),
+                _ => None,
+            },
+            is_agent_dim,
+        ),
+        |id| (&EMPTY_SRC, dict.agent(id).unwrap_or(&EMPTY_AGENT)),
+        (slots, visit_filters, values),
+        (&mut local.agent_ok, &mut local.values),
+    );
     // Pages: entry/exit filters, event:page filters, page-valued dimensions (index + 1).
     let page_slots: Vec<usize> = slots
         .iter()
