@@ -741,6 +741,12 @@ pub fn queries(site: &str, ranges: &[&str]) -> Vec<Query> {
                     format!("/api/v1/sites/{site}/filtered?range={r}"),
                 ),
                 ("dashboard", format!("/dashboard/{site}?range={r}")),
+                // The whole page under a filter (a visitor's browser, as a click on a
+                // panel row sets it): none of its questions has a stored month state.
+                (
+                    "dashboard filtered",
+                    format!("/dashboard/{site}?range={r}&f=is,visit:browser,Firefox"),
+                ),
             ]
         };
         for (name, path) in v1 {
