@@ -28,6 +28,13 @@
 //! - **Counted once.** Reads missing the same state take turns: one counts it, the others
 //!   wait and take what it kept (turns are taken in key order, so reads never wait on each
 //!   other in a cycle).
+//! - **Months beside the index.** A read with no kept state for any of its questions, all
+//!   of which the month rollups answer, over a range that holds a month's first day, takes
+//!   its turns before it reads the index (and holds them until it answers, unless the range
+//!   has no sealed day or another read kept the states meanwhile), and merges the stored
+//!   months ([`rollups`]) while the index is read. The months are checked against the
+//!   sealed days listed apart, and used only if the index's snapshot has exactly those
+//!   sealed days; else they are read again against the index's.
 //! - **Two threads.** Each question has a state on each of two counting threads, folded
 //!   together at the end (visits never span two days, so sums add and visitor sets unite
 //!   exactly, whichever state counted a day). The questions of a read are shared out between
@@ -193,7 +200,8 @@ pub struct Analytics {
     states_bytes: std::sync::atomic::AtomicUsize,
     /// A turn per state key being counted over sealed days now: a read that misses a state
     /// another read is counting waits for it and takes the kept state, instead of counting
-    /// the same days beside it (64 readers of one dashboard count it once).
+    /// the same days beside it (64 readers of one dashboard count it once). A cold read
+    /// whose months are read beside its index takes its turns before the index.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Question states counted over sealed days so far ([`Analytics::states_counted`]).
     counted: std::sync::atomic::AtomicU64,
@@ -491,6 +499,10 @@ fn reads_arena() -> Option<u32> {
     })
 }
 
+/// What the stored months of a range give ([`Analytics::stored_months`]): each question's
+/// state over them, merged, and the sealed days left to count.
+type StoredMonths = (Vec<Evaluator>, Vec<(Date, i64)>);
+
 /// Questions (each with its index in the read) to count over days on one thread.
 type Work<'a, 'd> = (Vec<(usize, &'a mut Evaluator)>, &'d [DayParts]);
 
@@ -695,8 +707,52 @@ impl Analytics {
             .iter()
             .map(|q| Evaluator::new(q, from, to, zone))
             .collect::<Result<Vec<_>, _>>()?;
-        let index = self.source.segment_index(site, from, to).await?;
         let name = site.as_str().to_owned();
+        let keys: Vec<String> = evaluators
+            .iter()
+            .map(|e| partial_key(&name, zone, from, to, e))
+            .collect();
+        // A cold read (no question has a kept state) of questions the stored months answer,
+        // over a range that holds a month's first day, takes its turns first, then reads and
+        // merges those months while the index is read (on PostgreSQL the index waits on the
+        // database, the merge on the CPU). `early`: the months so read (`None` inside: none
+        // used), kept only if the sealed days they were checked against are the index's.
+        let cold = |partials: &Partials| keys.iter().all(|k| !partials.states.contains_key(k));
+        let mut turns = Vec::new();
+        let mut early = None;
+        let holds_month = from.day() == 1 || rollups::month_end(from) < to;
+        let cold_now = holds_month && cold(&self.partials());
+        let asked = || -> Vec<(Query, String)> {
+            queries
+                .iter()
+                .zip(&evaluators)
+                .map(|(q, e)| (q.clone(), rollups::key(zone, e)))
+                .collect()
+        };
+        let index = if cold_now && rollups::answers(zone, &asked())? {
+            turns = self.turns(keys.iter().map(String::as_str)).await;
+            if cold(&self.partials()) {
+                let (index, ahead) = tokio::join!(
+                    self.source.segment_index(site, from, to),
+                    self.months_ahead(site, zone, (from, to), asked())
+                );
+                let index = index?;
+                early =
+                    ahead?.and_then(|(sealed, months)| (sealed == index.sealed).then_some(months));
+                if index.sealed.is_empty() {
+                    // Nothing of this read is kept: others need not wait for it.
+                    turns.clear();
+                }
+                index
+            } else {
+                // A read this one waited for kept the states: read as a warm read, in turn
+                // with nobody.
+                turns.clear();
+                self.source.segment_index(site, from, to).await?
+            }
+        } else {
+            self.source.segment_index(site, from, to).await?
+        };
         let mut dict: Arc<SiteDict> = self.kept().dicts.get(&name).cloned().unwrap_or_default();
         // Open days, built off the runtime.
         let zone_for_open = zone.clone();
@@ -717,13 +773,8 @@ impl Analytics {
         })
         .await?;
         // The sealed days: each question's state over them as kept (same days at the same
-        // versions), else counted now, chunk by chunk, and kept.
-        let keys: Vec<String> = evaluators
-            .iter()
-            .map(|e| partial_key(&name, zone, from, to, e))
-            .collect();
-        // Each question's state over the sealed days (shared with the kept one, never
-        // copied); `evaluators` count the open days apart.
+        // versions), else counted now, chunk by chunk, and kept; shared with the kept one,
+        // never copied. `evaluators` count the open days apart.
         let mut bases: Vec<Option<Arc<Evaluator>>> = vec![None; queries.len()];
         let mut missed = Vec::new();
         {
@@ -735,9 +786,11 @@ impl Analytics {
                 }
             }
         }
-        let _turns;
         if !missed.is_empty() && !index.sealed.is_empty() {
-            _turns = self.turns(missed.iter().map(|&i| keys[i].as_str())).await;
+            // Turns taken before the index hold every question's.
+            if turns.is_empty() {
+                turns.extend(self.turns(missed.iter().map(|&i| keys[i].as_str())).await);
+            }
             // A read this one waited for may have kept them.
             let partials = self.partials();
             missed.retain(|&i| match partials.get(&keys[i], &index.sealed) {
@@ -779,14 +832,19 @@ impl Analytics {
             let (grown, lacking) = match lacking {
                 Some(l) => (grown, Some(l)),
                 None => {
-                    let asked: Vec<(Query, String)> = missed
-                        .iter()
-                        .map(|&i| (queries[i].clone(), rollups::key(zone, &evaluators[i])))
-                        .collect();
-                    match self
-                        .stored_months(site, zone, (from, to), &index.sealed, asked)
-                        .await?
-                    {
+                    let stored = match early.take() {
+                        // Read for every question, and all of them are missed.
+                        Some(stored) if missed.len() == queries.len() => stored,
+                        _ => {
+                            let asked: Vec<(Query, String)> = missed
+                                .iter()
+                                .map(|&i| (queries[i].clone(), rollups::key(zone, &evaluators[i])))
+                                .collect();
+                            self.stored_months(site, zone, (from, to), &index.sealed, asked)
+                                .await?
+                        }
+                    };
+                    match stored {
                         Some((bases, l)) => (
                             bases.into_iter().map(|b| Some(Arc::new(b))).collect(),
                             Some(l),
@@ -874,6 +932,29 @@ impl Analytics {
         Ok(Ok(answers))
     }
 
+    /// [`Analytics::stored_months`] over the sealed days of `range` as they are now, read
+    /// apart from the index (which reads them again in its snapshot), with those days: a
+    /// caller uses the states only if the index's sealed days are the same. `None` when no
+    /// day of the range is sealed.
+    #[allow(clippy::type_complexity)]
+    async fn months_ahead(
+        &self,
+        site: &SiteId,
+        zone: &SiteZone,
+        (from, to): (Date, Date),
+        asked: Vec<(Query, String)>,
+    ) -> Result<Option<(Vec<(Date, i64)>, Option<StoredMonths>)>, AnalyticsError> {
+        let mut sealed = self.source.sealed_through(site, to).await?;
+        sealed.retain(|(d, _)| *d >= from);
+        if sealed.is_empty() {
+            return Ok(None);
+        }
+        let months = self
+            .stored_months(site, zone, (from, to), &sealed, asked)
+            .await?;
+        Ok(Some((sealed, months)))
+    }
+
     /// The states of the `asked` questions (each with its [`rollups::key`]) over the days
     /// `range` of `site` that stored month states ([`rollups`]) give, merged, and the days
     /// of `sealed` (the range's sealed days) they leave to count. A month is used only when
@@ -888,13 +969,9 @@ impl Analytics {
         (from, to): (Date, Date),
         sealed: &[(Date, i64)],
         asked: Vec<(Query, String)>,
-    ) -> Result<Option<(Vec<Evaluator>, Vec<(Date, i64)>)>, AnalyticsError> {
-        if asked.is_empty() || !asked.iter().all(|(q, _)| rollups::rollable(q)) {
-            return Ok(None);
-        }
+    ) -> Result<Option<StoredMonths>, AnalyticsError> {
         // A question no rollup answers (a filter, another kind of sums) reads nothing more.
-        let rolled = rollups::keys(zone)?;
-        if !asked.iter().all(|(_, k)| rolled.contains(k)) {
+        if !rollups::answers(zone, &asked)? {
             return Ok(None);
         }
         let keys: Vec<String> = asked.iter().map(|(_, k)| k.clone()).collect();

@@ -139,6 +139,19 @@ pub fn keys(zone: &SiteZone) -> Result<Vec<String>, crate::core::query::Invalid>
         .collect()
 }
 
+/// Whether stored month states answer every one of `asked` (each question with its [`key`]):
+/// each is rollable and of [`questions`]' keys (a filter, another kind of sums: not).
+pub fn answers(
+    zone: &SiteZone,
+    asked: &[(Query, String)],
+) -> Result<bool, crate::core::query::Invalid> {
+    if asked.is_empty() || !asked.iter().all(|(q, _)| rollable(q)) {
+        return Ok(false);
+    }
+    let rolled = keys(zone)?;
+    Ok(asked.iter().all(|(_, k)| rolled.contains(k)))
+}
+
 /// Whether a question's state over a month can stand for those days in a longer range: its
 /// rows do not depend on where the range starts (weeks are cut at the range's first day).
 pub fn rollable(query: &Query) -> bool {

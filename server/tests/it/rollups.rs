@@ -1,17 +1,22 @@
 //! Month rollups (`store::rollups`) on every backend: a year read from stored month states
 //! answers exactly as counting its days, a write to a sealed day is never hidden by a stored
-//! state, a seal pass rolls only the months that changed, and verify finds and repairs a
-//! state that differs from a recount. Run on every backend by `segment_store`'s checks.
+//! state (nor by months a cold read merged beside its index), a seal pass rolls only the
+//! months that changed, and verify finds and repairs a state that differs from a recount.
+//! Run on every backend by `segment_store`'s checks.
 
 use std::sync::Arc;
 
 use jiff::civil::{Date, date};
 use tally::core::day::SiteZone;
+use tally::core::ids::SiteId;
+use tally::core::query::Value;
 use tally::core::query::{Answer, Dimension, Metric, Query};
 use tally::core::site::Site;
-use tally::store::Store;
 use tally::store::analytics::Analytics;
-use tally::store::rollups;
+use tally::store::{
+    DictionaryRows, PartsWanted, SegmentIndex, SegmentParts, SegmentSource, Store, StoreError,
+    rollups,
+};
 
 use crate::segment_store::{D1, D2, engagement, morning_views, seal, site, view};
 use crate::store_conformance::Harness;
@@ -314,4 +319,206 @@ pub(crate) async fn many_months_merge_as_they_are_counted(db: &impl Harness) {
         tally::core::query::Value::Int(6),
         "six visitors, each in several months"
     );
+}
+
+/// A write [`LateWrite`] makes between listing the sealed days and reading the index.
+enum Late {
+    /// Views of a sealed day: they unseal it.
+    Views(Vec<tally::core::record::Record>),
+    /// A day to seal.
+    Seal(Date),
+}
+
+/// A store that makes its `late` write right after it lists the sealed days for a read, and
+/// holds that read's index until the write is in: the months a cold read takes from their
+/// stored states beside the index were checked against sealed days that are no longer the
+/// index's.
+struct LateWrite {
+    inner: Arc<dyn Store>,
+    late: tokio::sync::Mutex<Option<Late>>,
+    written: tokio::sync::Notify,
+}
+
+impl LateWrite {
+    fn new(inner: &Arc<dyn Store>, late: Late) -> Arc<Self> {
+        Arc::new(Self {
+            inner: inner.clone(),
+            late: tokio::sync::Mutex::new(Some(late)),
+            written: tokio::sync::Notify::new(),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl SegmentSource for LateWrite {
+    async fn segment_index(
+        &self,
+        site: &SiteId,
+        from: Date,
+        to: Date,
+    ) -> Result<SegmentIndex, StoreError> {
+        let written = self.written.notified();
+        if self.late.lock().await.is_some() {
+            // Bounded: a read that never lists the sealed days apart goes on (and the test
+            // fails on what it asserts, not by hanging).
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), written).await;
+        }
+        self.inner.segment_index(site, from, to).await
+    }
+
+    async fn segment_parts(
+        &self,
+        site: &SiteId,
+        wanted: Vec<PartsWanted>,
+    ) -> Result<Vec<SegmentParts>, StoreError> {
+        self.inner.segment_parts(site, wanted).await
+    }
+
+    async fn dictionary(
+        &self,
+        site: &SiteId,
+        pages: Vec<u32>,
+        dims: Vec<u32>,
+    ) -> Result<DictionaryRows, StoreError> {
+        self.inner.dictionary(site, pages, dims).await
+    }
+
+    async fn unsealed_days(
+        &self,
+        site: &SiteId,
+        through: Date,
+        limit: u32,
+    ) -> Result<Vec<Date>, StoreError> {
+        self.inner.unsealed_days(site, through, limit).await
+    }
+
+    async fn seal_day(&self, site: &SiteId, day: Date, start_ms: i64) -> Result<bool, StoreError> {
+        self.inner.seal_day(site, day, start_ms).await
+    }
+
+    async fn sealed_through(
+        &self,
+        site: &SiteId,
+        through: Date,
+    ) -> Result<Vec<(Date, i64)>, StoreError> {
+        let sealed = self.inner.sealed_through(site, through).await?;
+        match self.late.lock().await.take() {
+            Some(Late::Views(views)) => {
+                self.inner.commit(views).await?;
+            }
+            Some(Late::Seal(day)) => seal(&*self.inner, day).await,
+            None => return Ok(sealed),
+        }
+        self.written.notify_waiters();
+        Ok(sealed)
+    }
+
+    async fn rollup_index(&self, site: &SiteId) -> Result<Vec<rollups::RollupInfo>, StoreError> {
+        self.inner.rollup_index(site).await
+    }
+
+    async fn rollup_states(
+        &self,
+        site: &SiteId,
+        month: Date,
+        keys: Vec<String>,
+    ) -> Result<Vec<rollups::RollupState>, StoreError> {
+        self.inner.rollup_states(site, month, keys).await
+    }
+
+    async fn put_rollups(
+        &self,
+        site: &SiteId,
+        month: Date,
+        states: Vec<rollups::RollupState>,
+    ) -> Result<bool, StoreError> {
+        self.inner.put_rollups(site, month, states).await
+    }
+
+    async fn imported(
+        &self,
+        site: &SiteId,
+        table: tally::store::imported::Table,
+        from: Date,
+        to: Date,
+        by_day: bool,
+    ) -> Result<Vec<tally::store::imported::ImportedRow>, StoreError> {
+        self.inner.imported(site, table, from, to, by_day).await
+    }
+}
+
+/// A cold read takes its stored months beside the index; a day unsealed between the two
+/// (a late view) leaves those months unused, and the answer is the index's: the late view
+/// counted once, as a read that starts after it answers.
+pub(crate) async fn months_read_beside_the_index_yield_to_a_late_write(db: &impl Harness) {
+    let store: Arc<dyn Store> = db.handle(None);
+    let zone = SiteZone::utc();
+    store
+        .commit(morning_views(&[
+            (1, 1, F1, "/a"),
+            (2, 2, F2, "/b"),
+            (3, 1, D1, "/a"),
+            (4, 3, D2, "/c"),
+        ]))
+        .await
+        .expect("commit");
+    for day in [F1, F2, D1, D2] {
+        seal(&*store, day).await;
+    }
+    let roller = Analytics::new(store.clone(), 0);
+    assert_eq!(roller.roll_up(&site(), &zone, D2).await.expect("roll"), 2);
+    let (from, to) = (date(2026, 2, 1), date(2026, 3, 31));
+    let (before, days) = answers(&store, from, to).await;
+    assert_eq!(days, 0, "both months from their stored states");
+
+    let racing = LateWrite::new(&store, Late::Views(morning_views(&[(5, 4, F2, "/d")])));
+    let analytics = Analytics::new(racing.clone(), 64 << 20);
+    let raced = analytics
+        .answer(&site(), &zone, from, to, &questions())
+        .await
+        .expect("answers");
+    assert!(
+        racing.late.lock().await.is_none(),
+        "the months were read beside the index"
+    );
+    let (after, days) = answers(&store, from, to).await;
+    assert_eq!(days, questions().len() as u64, "F2 is open: counted");
+    assert_eq!(
+        after[0].rows[0].metrics[..3],
+        [Value::Int(4), Value::Int(5), Value::Int(5)],
+        "4 visitors, 5 visits, 5 page views"
+    );
+    assert_ne!(after, before);
+    assert_eq!(
+        raced, after,
+        "the late view once, February not from its stale state"
+    );
+
+    // A day sealed in between: February's state (rolled while F2 was open) lacks it, and
+    // must not stand for February once the index has F2 sealed.
+    seal(&*store, F2).await;
+    store
+        .commit(morning_views(&[(6, 5, F1, "/e")]))
+        .await
+        .expect("late view");
+    seal(&*store, F1).await;
+    store
+        .commit(morning_views(&[(7, 6, F2, "/f")]))
+        .await
+        .expect("late view");
+    assert_eq!(roller.roll_up(&site(), &zone, D2).await.expect("roll"), 1);
+    let racing = LateWrite::new(&store, Late::Seal(F2));
+    let analytics = Analytics::new(racing.clone(), 64 << 20);
+    let raced = analytics
+        .answer(&site(), &zone, from, to, &questions())
+        .await
+        .expect("answers");
+    assert!(racing.late.lock().await.is_none());
+    let (after, _) = answers(&store, from, to).await;
+    assert_eq!(
+        after[0].rows[0].metrics[..3],
+        [Value::Int(6), Value::Int(7), Value::Int(7)],
+        "6 visitors, 7 visits, 7 page views"
+    );
+    assert_eq!(raced, after, "F2, sealed in between, counted");
 }

@@ -18,7 +18,7 @@ use tally::store::{DIM_CAP, ImportOptions, PartsWanted, SegmentIndex, Store, TEM
 
 use crate::rollups::{
     many_months_merge_as_they_are_counted, month_rollups_answer_exactly_and_never_go_stale,
-    verify_recounts_rollups_and_repairs_them,
+    months_read_beside_the_index_yield_to_a_late_write, verify_recounts_rollups_and_repairs_them,
 };
 use crate::store_conformance::Harness;
 
@@ -816,6 +816,7 @@ macro_rules! segment_checks {
                 a_number_given_since_a_read_is_seen_at_the_next,
                 month_rollups_answer_exactly_and_never_go_stale,
                 many_months_merge_as_they_are_counted,
+                months_read_beside_the_index_yield_to_a_late_write,
                 verify_recounts_rollups_and_repairs_them,
             );
         }
