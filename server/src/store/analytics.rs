@@ -30,9 +30,9 @@
 //!   other in a cycle).
 //! - **Months beside the index.** A read with no kept state for any of its questions, all
 //!   of which the month rollups answer, over a range that holds a month's first day, takes
-//!   its turns before it reads the index (and holds them until it answers, unless the range
-//!   has no sealed day or another read kept the states meanwhile), and merges the stored
-//!   months ([`rollups`]) while the index is read. The months are checked against the
+//!   its turns while it reads the index (which never waits for them) and merges the stored
+//!   months ([`rollups`]) then, holding the turns until it answers (not when another read
+//!   kept a state meanwhile, nor when no day is sealed). The months are checked against the
 //!   sealed days listed apart, and used only if the index's snapshot has exactly those
 //!   sealed days; else they are read again against the index's.
 //! - **Two threads.** Each question has a state on each of two counting threads, folded
@@ -201,7 +201,8 @@ pub struct Analytics {
     /// A turn per state key being counted over sealed days now: a read that misses a state
     /// another read is counting waits for it and takes the kept state, instead of counting
     /// the same days beside it (64 readers of one dashboard count it once). A cold read
-    /// whose months are read beside its index takes its turns before the index.
+    /// whose months are read beside its index takes its turns while it reads the index,
+    /// and holds them from before it reads the months (nothing is counted yet).
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Question states counted over sealed days so far ([`Analytics::states_counted`]).
     counted: std::sync::atomic::AtomicU64,
@@ -713,10 +714,11 @@ impl Analytics {
             .map(|e| partial_key(&name, zone, from, to, e))
             .collect();
         // A cold read (no question has a kept state) of questions the stored months answer,
-        // over a range that holds a month's first day, takes its turns first, then reads and
-        // merges those months while the index is read (on PostgreSQL the index waits on the
-        // database, the merge on the CPU). `early`: the months so read (`None` inside: none
-        // used), kept only if the sealed days they were checked against are the index's.
+        // over a range that holds a month's first day, takes its turns and reads and merges
+        // those months while it reads the index (on PostgreSQL the index waits on the
+        // database, the merge on the CPU); the index never waits for the turns. `early`: the
+        // months so read (`None` inside: none used), kept only if the sealed days they were
+        // checked against are the index's.
         let cold = |partials: &Partials| keys.iter().all(|k| !partials.states.contains_key(k));
         let mut turns = Vec::new();
         let mut early = None;
@@ -730,26 +732,25 @@ impl Analytics {
                 .collect()
         };
         let index = if cold_now && rollups::answers(zone, &asked())? {
-            turns = self.turns(keys.iter().map(String::as_str)).await;
-            if cold(&self.partials()) {
-                let (index, ahead) = tokio::join!(
-                    self.source.segment_index(site, from, to),
-                    self.months_ahead(site, zone, (from, to), asked())
-                );
-                let index = index?;
-                early =
-                    ahead?.and_then(|(sealed, months)| (sealed == index.sealed).then_some(months));
-                if index.sealed.is_empty() {
-                    // Nothing of this read is kept: others need not wait for it.
-                    turns.clear();
+            let months = async {
+                let held = self.turns(keys.iter().map(String::as_str)).await;
+                // A read waited for may have kept a state: then no months, and no turns
+                // held (they are taken again below for what is missed).
+                if !cold(&self.partials()) {
+                    return Ok((Vec::new(), None));
                 }
-                index
-            } else {
-                // A read this one waited for kept the states: read as a warm read, in turn
-                // with nobody.
-                turns.clear();
-                self.source.segment_index(site, from, to).await?
-            }
+                match self.months_ahead(site, zone, (from, to), asked()).await? {
+                    // No sealed day: nothing of this read is kept, nobody need wait for it.
+                    None => Ok((Vec::new(), None)),
+                    ahead => Ok::<_, AnalyticsError>((held, ahead)),
+                }
+            };
+            let (index, months) = tokio::join!(self.source.segment_index(site, from, to), months);
+            let index = index?;
+            let (held, ahead) = months?;
+            turns = held;
+            early = ahead.and_then(|(sealed, months)| (sealed == index.sealed).then_some(months));
+            index
         } else {
             self.source.segment_index(site, from, to).await?
         };

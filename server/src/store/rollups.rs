@@ -163,9 +163,9 @@ pub fn month_of(day: Date) -> Date {
     day.first_of_month()
 }
 
-/// The last day of the month that starts on `month`.
-pub fn month_end(month: Date) -> Date {
-    month.last_of_month()
+/// The last day of `day`'s month.
+pub fn month_end(day: Date) -> Date {
+    day.last_of_month()
 }
 
 /// Days and versions as stored: per day its year (2 bytes), month, day, then its version
